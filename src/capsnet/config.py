@@ -1,0 +1,142 @@
+"""Dataclass configs as plain dicts, and command-line flags generated from them.
+
+A config field becomes the flag `--field-name`; its help text comes from `field(metadata={"help": ...})`.
+Configs round-trip through JSON (`asdict` / `from_dict`), so loading a config never needs pickle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .errors import ConfigError
+
+T = TypeVar("T")
+
+
+def from_dict(cls: type[T], data: dict[str, Any], *, what: str = "config") -> T:
+    """Build dataclass `cls` from a plain dict, strictly: unknown keys and wrong types are errors."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what}: expected a JSON object, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{what}: unknown key(s) {', '.join(unknown)}; known: {', '.join(fields)}")
+    hints = typing.get_type_hints(cls)
+    values = {name: _coerce(hints[name], value, f"{what}.{name}") for name, value in data.items()}
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{what}: {e}") from None
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(args[0], value, where)
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{where}: {value!r} is not one of {list(typing.get_args(tp))}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (inner, *_) = typing.get_args(tp) or (Any,)
+        items = [_coerce(inner, v, where) for v in value]
+        return tuple(items) if origin is tuple else items
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """A dataclass as a JSON-ready dict (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(obj)))
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or JSON config file into a dict."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ConfigError("reading YAML configs needs PyYAML: pip install 'capsnet[config]'") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, *, exclude: tuple[str, ...] = ()) -> None:
+    """Add one flag per field of `cls`. Defaults are left as None so a --config file can fill them."""
+    hints = typing.get_type_hints(cls)
+    group = parser.add_argument_group(cls.__name__)
+    for f in dataclasses.fields(cls):
+        if f.name in exclude or not f.init:
+            continue
+        tp = hints[f.name]
+        help_text = f.metadata.get("help", "")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        help_text = f"{help_text} (default: {default})" if help_text else f"(default: {default})"
+        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": help_text}
+        origin = typing.get_origin(tp)
+        if origin in (typing.Union, types.UnionType):
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+            origin = typing.get_origin(tp)
+        if tp is bool:
+            group.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
+        elif origin is typing.Literal:
+            group.add_argument(_flag(f.name), choices=list(typing.get_args(tp)), **kwargs)
+        elif origin in (tuple, list):
+            (inner, *_) = typing.get_args(tp)
+            group.add_argument(_flag(f.name), type=inner, nargs="+", metavar=f.name.upper(), **kwargs)
+        else:
+            group.add_argument(_flag(f.name), type=tp, metavar=f.name.split("_")[-1].upper(), **kwargs)
+
+
+def dataclass_from_args(cls: type[T], args: argparse.Namespace, base: dict[str, Any] | None = None) -> T:
+    """Defaults, then `base` (a config file), then the flags given on the command line."""
+    data: dict[str, Any] = dict(base or {})
+    for f in dataclasses.fields(cls):
+        value = getattr(args, f.name, None)
+        if value is not None:
+            data[f.name] = list(value) if isinstance(value, tuple) else value
+    return from_dict(cls, data, what=cls.__name__)

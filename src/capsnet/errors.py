@@ -1,0 +1,19 @@
+"""Exceptions that the CLI turns into one clear line and a non-zero exit."""
+
+from __future__ import annotations
+
+
+class CapsNetError(Exception):
+    """Base class of every error capsnet raises on purpose (bad input, bad files)."""
+
+
+class DatasetError(CapsNetError):
+    """A data set is missing, truncated, corrupt or inconsistent."""
+
+
+class CheckpointError(CapsNetError):
+    """A checkpoint or pretrained folder is missing, corrupt or does not match its config."""
+
+
+class ConfigError(CapsNetError, ValueError):
+    """A configuration value or file is invalid."""

@@ -1,0 +1,187 @@
+"""Capsule layers: the squash non-linearity (Eq. 1), primary capsules, and dynamic routing (Procedure 1).
+
+Symbols follow Sabour, Frosst & Hinton (2017), "Dynamic Routing Between Capsules":
+  u_i      output of lower-level (input) capsule i                  [B, in_caps, in_d]
+  W_ij     transformation matrix from capsule i to capsule j        [in_caps, out_caps, in_d, out_d]
+  û_j|i    prediction ("vote") of capsule i for capsule j, W_ij u_i [B, in_caps, out_caps, out_d]
+  b_ij     routing logits, c_ij = softmax_j(b_ij) coupling coeffs.  [B, in_caps, out_caps]
+  s_j      total input of capsule j, v_j = squash(s_j) its output   [B, out_caps, out_d]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def squash(s: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
+    """Eq. 1: v = |s|² / (1 + |s|²) · s / |s|.
+
+    Short vectors shrink to almost zero and long ones to a length just below 1; the direction is kept.
+    `eps` inside the square root keeps the gradient finite at s = 0.
+    """
+    sq_norm = (s * s).sum(dim=dim, keepdim=True)  # |s|²
+    return s * (sq_norm / ((1.0 + sq_norm) * torch.sqrt(sq_norm + eps)))
+
+
+class Squash(nn.Module):
+    """Module form of :func:`squash` over the last dimension."""
+
+    def __init__(self, eps: float = 1e-8):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, s: torch.Tensor) -> torch.Tensor:
+        return squash(s, dim=-1, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return f"eps={self.eps}"
+
+
+class PrimaryCapsules(nn.Module):
+    """A convolution whose output channels form capsules (the paper's PrimaryCaps layer).
+
+    `n_types` capsule types of `capsule_dim` dimensions: each capsule's vector is `capsule_dim` channels of one
+    type at one spatial location. For MNIST: 256 → 32 types × 8D, kernel 9, stride 2, giving 32·6·6 = 1152
+    capsules. Output [B, n_types·H'·W', capsule_dim], ordered type-major (type, row, column), squashed.
+    """
+
+    def __init__(
+        self,
+        *,
+        in_channels: int = 256,
+        n_types: int = 32,
+        capsule_dim: int = 8,
+        kernel_size: int = 9,
+        stride: int = 2,
+    ):
+        super().__init__()
+        self.n_types = n_types
+        self.capsule_dim = capsule_dim
+        self.conv = nn.Conv2d(in_channels, n_types * capsule_dim, kernel_size, stride=stride)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)  # [B, types·D, H', W'], channel = type·D + d
+        b, _, h, w = y.shape
+        # [B, types, D, H', W'] -> [B, types, H', W', D] -> [B, types·H'·W', D]
+        u = y.view(b, self.n_types, self.capsule_dim, h, w).permute(0, 1, 3, 4, 2)
+        return squash(u.reshape(b, self.n_types * h * w, self.capsule_dim))
+
+    def output_grid(self, height: int, width: int) -> tuple[int, int]:
+        """Spatial size (H', W') of the capsule grid for an input feature map of `height` × `width`."""
+        k, s = self.conv.kernel_size, self.conv.stride
+        return (height - k[0]) // s[0] + 1, (width - k[1]) // s[1] + 1
+
+
+class RoutingResult(NamedTuple):
+    """Output capsules v [B, out_caps, out_d] and the final coupling coefficients c [B, in_caps, out_caps]."""
+
+    capsules: torch.Tensor
+    coupling: torch.Tensor
+
+
+def default_weight_std(in_caps: int, out_caps: int, out_d: int) -> float:
+    """Initial std of W_ij, chosen so that routing starts out of the squash's flat regions.
+
+    Each vote element has variance std²·|u_i|², so |û_j|i|² ≈ out_d·std²·|u_i|². The first pass couples
+    uniformly (c_ij = 1/out_caps), so s_j sums in_caps independent votes / out_caps and
+    |s_j|² ≈ in_caps·out_d·std²·|u|² / out_caps². std = out_caps / sqrt(in_caps·out_d) gives |s_j| ≈ |u_i|.
+    For MNIST (1152 → 10, 16D) that is 0.074. The seed's std = 1 makes |s_j| ≫ 1, saturates the squash and
+    leaves MNIST at chance; a fixed 0.01 makes |v_j| ≈ |s_j|² tiny and learning slow (docs/benchmarks.md).
+    """
+    return out_caps / math.sqrt(in_caps * out_d)
+
+
+class Router(nn.Module):
+    """Dynamic routing between capsules (Procedure 1 of the paper), as a drop-in layer.
+
+    Args:
+        in_caps, out_caps: number of input (lower-level) and output (higher-level) capsules.
+        in_d, out_d: their dimensions.
+        iterations: routing iterations r ≥ 1 (the paper uses 3).
+        detach_votes: stop gradients through û_j|i in every iteration but the last (a common variant;
+            the paper's default, False, backpropagates through all of them).
+        weight_std: initial std of W; defaults to :func:`default_weight_std`.
+
+    `weight` has the seed's layout (in_caps, out_caps, in_d, out_d), so its state dicts load unchanged.
+    """
+
+    def __init__(
+        self,
+        in_caps: int,
+        out_caps: int,
+        in_d: int,
+        out_d: int,
+        iterations: int = 3,
+        *,
+        detach_votes: bool = False,
+        weight_std: float | None = None,
+    ):
+        super().__init__()
+        if min(in_caps, out_caps, in_d, out_d) < 1:
+            raise ValueError("Router: in_caps, out_caps, in_d and out_d must all be >= 1")
+        if iterations < 1:
+            raise ValueError(f"Router: iterations must be >= 1, got {iterations}")
+        self.in_caps, self.out_caps, self.in_d, self.out_d = in_caps, out_caps, in_d, out_d
+        self.iterations = iterations
+        self.detach_votes = detach_votes
+        self.weight = nn.Parameter(torch.empty(in_caps, out_caps, in_d, out_d))
+        self.weight_std = default_weight_std(in_caps, out_caps, out_d) if weight_std is None else weight_std
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=self.weight_std)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}, "
+            f"iterations={self.iterations}, detach_votes={self.detach_votes}"
+        )
+
+    def _check_input(self, u: torch.Tensor) -> None:
+        expected = f"[B, {self.in_caps}, {self.in_d}]"
+        if not isinstance(u, torch.Tensor):
+            raise ValueError(f"Router expects a tensor of shape {expected}, got {type(u).__name__}")
+        if u.dim() != 3 or u.shape[1] != self.in_caps or u.shape[2] != self.in_d:
+            raise ValueError(f"Router expects input of shape {expected}, got {list(u.shape)}")
+        if not u.is_floating_point():
+            raise ValueError(f"Router expects a floating-point input of shape {expected}, got dtype {u.dtype}")
+
+    def votes(self, u: torch.Tensor) -> torch.Tensor:
+        """Eq. 2: û_j|i = W_ij u_i   [B, in_caps, out_caps, out_d]."""
+        return route_votes(self.weight, u)
+
+    def forward(self, u: torch.Tensor, *, return_coupling: bool = False) -> torch.Tensor | RoutingResult:
+        self._check_input(u)
+        v, c = dynamic_routing(self.votes(u), self.iterations, detach_votes=self.detach_votes)
+        return RoutingResult(v, c) if return_coupling else v
+
+
+def route_votes(weight: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """û_j|i = W_ij u_i for all i, j as one batched matmul over i.  W [I, J, N, M], u [B, I, N] -> [B, I, J, M]."""
+    n_in, n_out, d_in, d_out = weight.shape
+    w = weight.permute(0, 2, 1, 3).reshape(n_in, d_in, n_out * d_out)  # [I, N, J·M]
+    u_hat = torch.bmm(u.transpose(0, 1), w.to(u.dtype))  # [I, B, J·M]
+    return u_hat.view(n_in, -1, n_out, d_out).transpose(0, 1)  # [B, I, J, M]
+
+
+def dynamic_routing(
+    u_hat: torch.Tensor, iterations: int, *, detach_votes: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Procedure 1 on precomputed votes û [B, in, out, out_d]. Returns v [B, out, out_d] and the final c."""
+    batch, n_in, n_out, _ = u_hat.shape
+    u_hat_routing = u_hat.detach() if detach_votes else u_hat
+    b = u_hat.new_zeros(batch, n_in, n_out)  # b_ij ← 0  [B, in, out]
+    for r in range(iterations):
+        last = r == iterations - 1
+        votes = u_hat if last else u_hat_routing
+        c = F.softmax(b, dim=2)  # Eq. 3: c_ij = softmax_j(b_ij), over the output capsules  [B, in, out]
+        s = torch.einsum("bij,bijm->bjm", c, votes)  # s_j = Σ_i c_ij û_j|i  [B, out, out_d]
+        v = squash(s)  # Eq. 1  [B, out, out_d]
+        if not last:  # the update after the last pass would never be used
+            b = b + torch.einsum("bjm,bijm->bij", v, votes)  # b_ij ← b_ij + û_j|i · v_j
+    return v, c

@@ -1,0 +1,83 @@
+"""Losses: the margin loss (Eq. 4) and the decoder's reconstruction loss (§4.1)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def capsule_lengths(v: torch.Tensor) -> torch.Tensor:
+    """|v_k|, the probability that entity k is present.  [B, n, d] -> [B, n]."""
+    return torch.linalg.vector_norm(v, dim=-1)
+
+
+def _targets(labels: torch.Tensor, n_labels: int, like: torch.Tensor) -> torch.Tensor:
+    """Class indices [B] -> one-hot [B, n]; multi-hot [B, n] is taken as it is."""
+    if labels.dim() == 1:
+        if labels.is_floating_point():
+            raise ValueError("class-index labels must be an integer tensor of shape [B]")
+        return F.one_hot(labels.long(), n_labels).to(like.dtype)
+    if labels.dim() == 2 and labels.shape[1] == n_labels:
+        return labels.to(like.dtype)
+    raise ValueError(f"labels must be class indices [B] or multi-hot targets [B, {n_labels}], got {list(labels.shape)}")
+
+
+class MarginLoss(nn.Module):
+    """Eq. 4: L_k = T_k max(0, m⁺ - |v_k|)² + λ (1 - T_k) max(0, |v_k| - m⁻)², summed over the classes k
+    and averaged over the batch.
+
+    Call as `loss(v, labels)` with capsules v [B, n, d] (or their lengths [B, n]) and labels either class
+    indices [B] or multi-hot targets [B, n] (several digits present, as in MultiMNIST).
+    """
+
+    def __init__(self, n_labels: int = 10, lambda_: float = 0.5, m_positive: float = 0.9, m_negative: float = 0.1):
+        super().__init__()
+        self.n_labels = n_labels
+        self.lambda_ = lambda_
+        self.m_positive = m_positive
+        self.m_negative = m_negative
+
+    def extra_repr(self) -> str:
+        return (
+            f"n_labels={self.n_labels}, lambda_={self.lambda_}, "
+            f"m_positive={self.m_positive}, m_negative={self.m_negative}"
+        )
+
+    def forward(self, v: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        lengths = capsule_lengths(v) if v.dim() == 3 else v  # |v_k|  [B, n]
+        if lengths.dim() != 2 or lengths.shape[1] != self.n_labels:
+            raise ValueError(
+                f"MarginLoss expects capsules [B, {self.n_labels}, d] or lengths [B, {self.n_labels}], "
+                f"got {list(v.shape)}"
+            )
+        t = _targets(labels, self.n_labels, lengths)  # T_k  [B, n]
+        present = F.relu(self.m_positive - lengths) ** 2  # max(0, m⁺ - |v_k|)²
+        absent = F.relu(lengths - self.m_negative) ** 2  # max(0, |v_k| - m⁻)²
+        loss = t * present + self.lambda_ * (1.0 - t) * absent  # L_k  [B, n]
+        return loss.sum(dim=1).mean()
+
+
+def reconstruction_loss(
+    reconstructions: torch.Tensor,
+    images: torch.Tensor,
+    *,
+    weight: float = 0.0005,
+    reduction: Literal["sum", "mean"] = "sum",
+) -> torch.Tensor:
+    """§4.1: `weight` × the sum of squared pixel errors per image, averaged over the batch.
+
+    `reduction="mean"` (a deviation some implementations use) averages over pixels instead of summing;
+    with the paper's weight it makes the reconstruction term ~784× weaker.
+    """
+    if reconstructions.shape != images.shape:
+        raise ValueError(
+            f"reconstructions {list(reconstructions.shape)} and images {list(images.shape)} differ in shape"
+        )
+    err = (reconstructions - images).pow(2).flatten(1)  # [B, pixels]
+    per_image = err.sum(dim=1) if reduction == "sum" else err.mean(dim=1)
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
+    return weight * per_image.mean()
