@@ -17,13 +17,24 @@ from .errors import CapsNetError
 # (subcommand, module). Each module defines `register(subparsers)`, which adds its parser and
 # sets `func=<callable taking the parsed args and returning an exit status>`.
 COMMANDS: list[tuple[str, str]] = [
+    ("train", "capsnet.train"),
+    ("evaluate", "capsnet.evaluate"),
+    ("predict", "capsnet.predict"),
     ("demo", "capsnet.demo"),
     ("data", "capsnet.data_cli"),
+    ("visualize", "capsnet.visualize"),
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit status 2) rather than the usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="capsnet", description="Capsule Networks with dynamic routing (Sabour, Frosst & Hinton 2017)."
     )
     parser.add_argument("--version", action="version", version=f"capsnet {__version__}")

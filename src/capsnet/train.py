@@ -1,0 +1,359 @@
+"""`capsnet train`: the paper's MNIST recipe (§4), resumable, kill-safe, and scalable with torchrun.
+
+Recipe (defaults): Adam, lr 1e-3 with exponential decay per epoch; random shifts of up to 2 px (§5); margin loss
+(Eq. 4) + 0.0005 × the summed squared reconstruction error, the decoder masked by the true label (§4.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from . import distributed as dist_utils
+from .checkpoint import STATE_NAME, load_state, save_state, write_summary
+from .config import add_dataclass_arguments, dataclass_from_args, from_dict, load_config_file, to_dict
+from .data import Split, iterate_batches, load_dataset, num_batches, random_shift
+from .errors import ConfigError, DatasetError
+from .evaluate import evaluate
+from .fileio import atomic_write_json
+from .models import CapsNet, CapsNetConfig
+
+
+@dataclass
+class TrainConfig:
+    """How to train; the model's own options live in :class:`capsnet.CapsNetConfig`."""
+
+    dataset: str = field(default="mnist-sample", metadata={"help": "data set name or MNIST-format folder"})
+    data_dir: str | None = field(default=None, metadata={"help": "folder with the four MNIST-format IDX files"})
+    train_subset: int | None = field(default=None, metadata={"help": "use only the first N training images"})
+    test_subset: int | None = field(default=None, metadata={"help": "evaluate on the first N test images only"})
+    shift: int = field(default=2, metadata={"help": "random translation of up to N pixels (paper: 2)"})
+    epochs: int = field(default=10, metadata={"help": "number of epochs"})
+    batch_size: int = field(default=32, metadata={"help": "images per step, per process"})
+    lr: float = field(default=1e-3, metadata={"help": "Adam learning rate"})
+    lr_decay: float = field(default=0.9, metadata={"help": "learning rate factor applied after every epoch"})
+    eval_batch_size: int = field(default=250, metadata={"help": "images per evaluation batch"})
+    seed: int = field(default=0, metadata={"help": "seed for initialisation, shuffling and augmentation"})
+    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda or cuda:K"})
+    precision: Literal["fp32", "bf16"] = field(default="fp32", metadata={"help": "bf16 runs under autocast"})
+    channels_last: bool = field(default=False, metadata={"help": "channels-last memory format for the convolutions"})
+    compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
+    out: str = field(default="runs/capsnet", metadata={"help": "run folder for checkpoints and metrics"})
+    resume: bool = field(default=False, metadata={"help": "continue the run in --out from its last checkpoint"})
+    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
+    tensorboard: bool = field(default=True, metadata={"help": "write TensorBoard scalars when installed"})
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("train_subset", "test_subset"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.shift < 0:
+            raise ConfigError(f"shift must be >= 0, got {self.shift}")
+        if not (self.lr > 0 and 0 < self.lr_decay <= 1):
+            raise ConfigError("need lr > 0 and 0 < lr_decay <= 1")
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    epochs_done: int
+    best_test_acc: float
+    history: list[dict[str, float]]
+    interrupted: bool = False
+    signal: int | None = None  # the signal that stopped the run, if one did
+
+
+# Model options that come from the data set rather than from flags.
+DATA_FIELDS = ("in_channels", "image_size", "n_classes")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:K") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} asked for, but CUDA is not available")
+    return device
+
+
+class _StopFlag:
+    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint at the next step and returns."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, object] = {}
+
+    def __enter__(self) -> _StopFlag:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)  # type: ignore[arg-type]
+
+
+def _subset(split: Split, n: int | None) -> Split:
+    return split if n is None else Split(split.images[:n], split.labels[:n])
+
+
+def train(
+    config: TrainConfig,
+    model_config: CapsNetConfig | None = None,
+    *,
+    on_step: Callable[[int], bool] | None = None,
+) -> TrainResult:
+    """Train a CapsNet as `config` says; returns when done or when a stop was asked for.
+
+    `on_step(global_step)` is called after every optimizer step; returning True stops training with a
+    checkpoint, as SIGINT and SIGTERM do.
+    """
+    device = resolve_device(config.device)
+    dist = dist_utils.setup(device)
+    if device.type == "cuda" and dist.enabled:
+        device = torch.device("cuda", dist.local_rank)
+        torch.cuda.set_device(device)
+    try:
+        return _train(config, model_config, device, dist, on_step)
+    finally:
+        dist_utils.teardown(dist)
+
+
+def _train(config, model_config, device, dist, on_step) -> TrainResult:
+    run_dir = Path(config.out)
+    has_state = (run_dir / STATE_NAME).is_file()
+    if has_state and not config.resume:
+        raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it, or choose another --out")
+    if config.resume and not has_state:
+        raise ConfigError(f"--resume: {run_dir} holds no {STATE_NAME} to continue from")
+
+    data = load_dataset(config.dataset, data_dir=config.data_dir)
+    if data.train is None:
+        raise DatasetError(f"{data.source}: holds only a test split; training needs the train-* files too")
+    train_split, test_split = _subset(data.train, config.train_subset), _subset(data.test, config.test_subset)
+    _, channels, height, width = train_split.images.shape
+    if height != width:
+        raise DatasetError(f"{data.source}: images are {height}x{width}; CapsNet expects square images")
+    derived = {"in_channels": channels, "image_size": height, "n_classes": data.n_classes}
+    state = load_state(run_dir, map_location=device) if config.resume else None
+    if state is not None:  # the run's model is the one saved with it
+        model_config = from_dict(CapsNetConfig, state["model_config"], what=f"{run_dir}/{STATE_NAME}")
+    model_config = dataclasses.replace(model_config or CapsNetConfig(), **derived)
+
+    torch.manual_seed(config.seed)
+    model = CapsNet(config=model_config).to(device)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=config.lr_decay)
+    augment_rng = torch.Generator(device=device).manual_seed(config.seed * 1009 + dist.rank)
+    epoch, batch_in_epoch, step, best_acc = 0, 0, 0, -1.0
+    history: list[dict[str, float]] = []
+    running = [0.0, 0.0, 0.0, 0.0]  # loss sum, correct, count, seconds within the current epoch
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        epoch, batch_in_epoch, step = state["epoch"], state["batch_in_epoch"], state["step"]
+        best_acc, history, running = state["best_test_acc"], list(state["history"]), list(state["running"])
+        torch.set_rng_state(state["rng"]["torch"].cpu())
+        saved = state["rng"]["augment"]
+        if len(saved) == dist.world_size:  # same number of processes: continue each stream exactly
+            augment_rng.set_state(saved[dist.rank].cpu())
+
+    trained = model
+    if dist.enabled:
+        ids = [device] if device.type == "cuda" else None
+        trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    if config.compile:
+        trained = torch.compile(trained)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
+
+    log = _Logger(run_dir, config, dist.is_main)
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(run_dir / "config.json", {"train": to_dict(config), "model": to_dict(model_config)})
+        if history:
+            write_summary(run_dir, history)
+
+    def checkpoint(*, epoch_done: bool) -> None:
+        rngs = [augment_rng.get_state()]
+        if dist.enabled:  # every rank's augmentation stream, gathered to rank 0
+            rngs = [torch.empty_like(rngs[0]) for _ in range(dist.world_size)]
+            torch.distributed.all_gather_object(rngs, augment_rng.get_state())
+        if not dist.is_main:
+            return
+        model.save_pretrained(run_dir / "last")
+        save_state(run_dir, {
+            "model": model.state_dict(), "model_config": to_dict(model_config),
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "epoch": epoch + (1 if epoch_done else 0), "batch_in_epoch": 0 if epoch_done else batch_in_epoch,
+            "step": step, "best_test_acc": best_acc, "history": history,
+            "running": [0.0] * 4 if epoch_done else running,
+            "rng": {"torch": torch.get_rng_state(), "augment": [r.cpu() for r in rngs]},
+        })  # fmt: skip
+        write_summary(run_dir, history)
+
+    n_batches = num_batches(len(train_split), batch_size=config.batch_size, world_size=dist.world_size)
+    interrupted = False
+    with _StopFlag() as stop:
+        while epoch < config.epochs and not interrupted:
+            model.train()
+            batches = iterate_batches(
+                train_split, batch_size=config.batch_size, shuffle=True, seed=config.seed, epoch=epoch,
+                rank=dist.rank, world_size=dist.world_size, device=device,
+            )  # fmt: skip
+            bar = log.bar(epoch, n_batches, batch_in_epoch)
+            for images, labels in itertools.islice(batches, batch_in_epoch, None):
+                t0 = time.perf_counter()
+                images = random_shift(images, config.shift, generator=augment_rng)
+                if config.channels_last:
+                    images = images.contiguous(memory_format=torch.channels_last)
+                with autocast:
+                    out = trained(images, labels)
+                    loss, _ = model.loss(out, images, labels)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                step += 1
+                batch_in_epoch += 1
+                n = labels.shape[0]
+                running[0] += loss.item() * n
+                running[1] += (out.predictions == labels).sum().item()
+                running[2] += n
+                running[3] += time.perf_counter() - t0
+                log.step(bar, step, loss.item(), running)
+                asked = (on_step is not None and on_step(step)) or stop.signum is not None
+                if dist_utils.any_rank(asked, dist, device):
+                    interrupted = True
+                    break
+            log.close(bar)
+            if interrupted:
+                checkpoint(epoch_done=False)
+                break
+            loss_sum, correct, count, seconds = dist_utils.all_sum(running, dist, device)
+            seconds /= dist.world_size
+            lr = optimizer.param_groups[0]["lr"]
+            scheduler.step()
+            test = evaluate(model, test_split, batch_size=config.eval_batch_size, device=device, dist=dist)
+            row = {
+                "epoch": epoch + 1, "train_loss": loss_sum / count, "train_acc": correct / count,
+                "test_loss": test["loss"], "test_acc": test["accuracy"], "lr": lr,
+                "images_per_s": count / max(seconds, 1e-9), "seconds": seconds,
+            }  # fmt: skip
+            history.append(row)
+            improved = row["test_acc"] > best_acc
+            best_acc = max(best_acc, row["test_acc"])
+            if dist.is_main and improved:
+                model.save_pretrained(run_dir / "best")
+            checkpoint(epoch_done=True)
+            log.epoch(row)
+            epoch, batch_in_epoch, running = epoch + 1, 0, [0.0, 0.0, 0.0, 0.0]
+    log.finish(interrupted, stop.signum, epoch, batch_in_epoch)
+    dist_utils.barrier(dist)
+    return TrainResult(run_dir, epoch, best_acc, history, interrupted, stop.signum)
+
+
+class _Logger:
+    """tqdm progress on rank 0, one summary line per epoch, and TensorBoard scalars when available."""
+
+    def __init__(self, run_dir: Path, config: TrainConfig, enabled: bool):
+        self.enabled, self.config, self.writer = enabled, config, None
+        if enabled and config.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # optional extra
+                pass
+            else:
+                self.writer = SummaryWriter(str(run_dir / "tb"))
+
+    def bar(self, epoch: int, total: int, done: int):
+        if not (self.enabled and self.config.progress):
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, initial=done, desc=f"epoch {epoch + 1}/{self.config.epochs}", leave=False,
+                    dynamic_ncols=True, file=sys.stderr)  # fmt: skip
+
+    def step(self, bar, step: int, loss: float, running: list[float]) -> None:
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{running[0] / running[2]:.4f}", acc=f"{running[1] / running[2]:.4f}",
+                            img_s=f"{running[2] / max(running[3], 1e-9):.0f}")  # fmt: skip
+        if self.writer is not None and step % 10 == 0:
+            self.writer.add_scalar("train/step_loss", loss, step)
+
+    def close(self, bar) -> None:
+        if bar is not None:
+            bar.close()
+
+    def epoch(self, row: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        print(
+            f"epoch {int(row['epoch'])}/{self.config.epochs}  train loss {row['train_loss']:.4f}  "
+            f"train acc {row['train_acc']:.4f}  test acc {row['test_acc']:.4f}  lr {row['lr']:.2e}  "
+            f"{row['images_per_s']:.0f} img/s  {row['seconds']:.1f}s",
+            flush=True,
+        )
+        if self.writer is not None:
+            for key in ("train_loss", "train_acc", "test_loss", "test_acc", "lr", "images_per_s"):
+                self.writer.add_scalar(f"epoch/{key}", row[key], int(row["epoch"]))
+            self.writer.flush()
+
+    def finish(self, interrupted: bool, signum: int | None, epoch: int, batch: int) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.enabled and interrupted:
+            why = signal.Signals(signum).name if signum else "stop requested"
+            print(f"{why}: checkpoint saved at epoch {epoch + 1}, batch {batch}; continue with --resume",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train a CapsNet (the paper's MNIST recipe by default)")
+    p.add_argument("--config", dest="config_file", help="YAML or JSON file of TrainConfig keys (+ 'model': {...})")
+    add_dataclass_arguments(p, TrainConfig)
+    add_dataclass_arguments(p, CapsNetConfig, exclude=DATA_FIELDS)
+    p.set_defaults(func=run)
+
+
+def configs_from_args(args: argparse.Namespace) -> tuple[TrainConfig, CapsNetConfig]:
+    base = load_config_file(args.config_file) if args.config_file else {}
+    model_base = base.pop("model", {}) or {}
+    if not isinstance(model_base, dict):
+        raise ConfigError(f"{args.config_file}: 'model' must be a mapping")
+    return dataclass_from_args(TrainConfig, args, base), dataclass_from_args(CapsNetConfig, args, model_base)
+
+
+def run(args: argparse.Namespace) -> int:
+    config, model_config = configs_from_args(args)
+    result = train(config, model_config)
+    if result.interrupted:
+        return 128 + result.signal if result.signal else 130
+    print(f"done: best test accuracy {result.best_test_acc:.4f}; outputs in {result.run_dir}/ "
+          f"(best/, last/, summary.csv, config.json)")  # fmt: skip
+    return 0

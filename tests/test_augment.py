@@ -1,0 +1,86 @@
+"""random_shift / random_affine: shapes, ranges, real movement, identity cases, determinism."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from capsnet.data import random_affine, random_shift
+
+
+def blobs(b: int = 16, size: int = 28) -> torch.Tensor:
+    """Float images with one bright square, away from the border so shifts never clip it."""
+    x = torch.zeros(b, 1, size, size)
+    x[:, :, 10:16, 11:18] = 1.0
+    return x
+
+
+def centre_of_mass(x: torch.Tensor) -> torch.Tensor:
+    """[B, 2] (row, col) centre of mass of each image."""
+    w = x.sum(dim=(1,))  # [B, H, W]
+    rows = torch.arange(x.shape[-2], dtype=x.dtype)[None, :, None]
+    cols = torch.arange(x.shape[-1], dtype=x.dtype)[None, None, :]
+    total = w.sum(dim=(1, 2))
+    return torch.stack([(w * rows).sum(dim=(1, 2)) / total, (w * cols).sum(dim=(1, 2)) / total], -1)
+
+
+def test_shift_moves_by_at_most_max_shift():
+    x = blobs(64)
+    out = random_shift(x, 2, generator=torch.Generator().manual_seed(0))
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert torch.equal(out.sum(dim=(1, 2, 3)), x.sum(dim=(1, 2, 3)))  # nothing clipped, nothing invented
+    delta = centre_of_mass(out) - centre_of_mass(x)
+    assert torch.allclose(delta, delta.round())  # integer shifts
+    assert delta.abs().max() <= 2
+    assert (delta.abs().sum(-1) > 0).float().mean() > 0.5  # most images actually moved
+    assert len({tuple(d.tolist()) for d in delta}) > 10  # each image its own offset
+
+
+def test_shift_zero_pads_and_keeps_uint8():
+    x = torch.full((4, 1, 5, 5), 255, dtype=torch.uint8)
+    out = random_shift(x, 3, generator=torch.Generator().manual_seed(1))
+    assert out.dtype == torch.uint8 and out.shape == x.shape
+    assert set(out.unique().tolist()) <= {0, 255}
+    assert (out == 0).any()
+
+
+def test_shift_identity_and_determinism():
+    x = blobs(8)
+    assert random_shift(x, 0) is x
+    a = random_shift(x, 2, generator=torch.Generator().manual_seed(7))
+    b = random_shift(x, 2, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a, b)
+    assert random_shift(x[:, 0], 2).shape == (8, 28, 28)  # [B, H, W] accepted too
+    with pytest.raises(ValueError):
+        random_shift(x, -1)
+
+
+def test_affine_identity():
+    x = torch.rand(5, 1, 28, 28)
+    out = random_affine(x)
+    assert out.shape == x.shape
+    assert torch.allclose(out, x, atol=1e-5)
+    u8 = (x * 255).to(torch.uint8)
+    assert torch.equal(random_affine(u8), u8)
+
+
+def test_affine_range_determinism_and_motion():
+    x = blobs(16)
+    kw = {"degrees": 15.0, "scale": (0.9, 1.1), "shear": 10.0, "translate": 0.1}
+    a = random_affine(x, generator=torch.Generator().manual_seed(3), **kw)
+    b = random_affine(x, generator=torch.Generator().manual_seed(3), **kw)
+    assert torch.equal(a, b) and a.shape == x.shape
+    assert float(a.min()) >= 0 and float(a.max()) <= 1 + 1e-6
+    assert not torch.allclose(a, x, atol=1e-3)
+    moved = centre_of_mass(
+        random_affine(x, translate=0.1, generator=torch.Generator().manual_seed(0))
+    ) - centre_of_mass(x)
+    assert moved.abs().max() <= 0.1 * 28 + 1e-3 and moved.abs().max() > 0.5
+
+
+def test_affine_out_size_places_digit_on_canvas():
+    x = blobs(3)
+    out = random_affine(x, out_size=36)
+    assert out.shape == (3, 1, 36, 36)
+    assert torch.allclose(out.sum(dim=(1, 2, 3)), x.sum(dim=(1, 2, 3)), atol=1e-3)  # same pixel scale
+    assert torch.allclose(centre_of_mass(out), centre_of_mass(x) + 4, atol=1e-3)  # centred: (36-28)/2

@@ -1,0 +1,164 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import SMALL_FLAGS, small_config
+
+from capsnet import CapsNet
+from capsnet.checkpoint import COLUMNS, load_state, read_summary
+from capsnet.cli import main
+from capsnet.train import TrainConfig, train
+
+TINY = dict(train_subset=96, test_subset=64, batch_size=32, epochs=2, progress=False)
+
+
+def _run(tmp_path: Path, name: str, **kw) -> tuple:
+    cfg = TrainConfig(out=str(tmp_path / name), **{**TINY, **kw.pop("train", {})})
+    return cfg, train(cfg, small_config(), **kw)
+
+
+def test_two_epoch_run_writes_every_output(tmp_path):
+    cfg, result = _run(tmp_path, "run", train={"tensorboard": True})
+    run = tmp_path / "run"
+    assert result.epochs_done == 2 and not result.interrupted
+    assert {p.name for p in run.iterdir()} >= {"config.json", "summary.csv", "best", "last", "state.pt", "tb"}
+    config = json.loads((run / "config.json").read_text())
+    assert config["train"]["epochs"] == 2 and config["model"]["conv_channels"] == 16
+    rows = read_summary(run)
+    assert [r["epoch"] for r in rows] == [1, 2]
+    for row in rows:
+        assert set(row) == set(COLUMNS)
+        assert 0 <= row["test_acc"] <= 1 and row["images_per_s"] > 0 and row["train_loss"] > 0
+    assert rows[1]["lr"] == pytest.approx(rows[0]["lr"] * cfg.lr_decay)
+    for sub in ("best", "last"):
+        model = CapsNet.from_pretrained(run / sub)
+        assert model.config.conv_channels == 16
+    assert any((run / "tb").iterdir())
+    state = load_state(run)  # weights_only=True
+    assert state["epoch"] == 2 and state["step"] == 6
+
+
+def test_resumed_run_equals_uninterrupted(tmp_path):
+    _, full = _run(tmp_path, "full")
+    _, stopped = _run(tmp_path, "resumed", on_step=lambda step: step == 4)  # stop mid-way through epoch 2
+    assert stopped.interrupted and stopped.epochs_done == 1
+    state = load_state(tmp_path / "resumed")
+    assert (state["epoch"], state["batch_in_epoch"], state["step"]) == (1, 1, 4)
+    _, resumed = _run(tmp_path, "resumed", train={"resume": True})
+    assert resumed.epochs_done == 2 and not resumed.interrupted
+    a = CapsNet.from_pretrained(tmp_path / "full" / "last").state_dict()
+    b = CapsNet.from_pretrained(tmp_path / "resumed" / "last").state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    for ra, rb in zip(full.history, resumed.history, strict=True):
+        for key in ("epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr"):
+            assert ra[key] == pytest.approx(rb[key], rel=1e-9, abs=1e-12), key
+
+
+def test_resume_extends_a_finished_run(tmp_path):
+    _run(tmp_path, "run", train={"epochs": 1})
+    _, result = _run(tmp_path, "run", train={"epochs": 2, "resume": True})
+    assert [r["epoch"] for r in read_summary(tmp_path / "run")] == [1, 2]
+    assert result.epochs_done == 2
+
+
+def test_kill_during_checkpoint_write_leaves_previous_checkpoint(tmp_path, monkeypatch):
+    _run(tmp_path, "run", train={"epochs": 1})
+    run = tmp_path / "run"
+    before = CapsNet.from_pretrained(run / "last").state_dict()
+    import capsnet.fileio
+
+    def killed(fd):
+        raise KeyboardInterrupt  # the process dies after writing the temporary file, before os.replace
+
+    monkeypatch.setattr(capsnet.fileio.os, "fsync", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, "run", train={"epochs": 2, "resume": True})
+    monkeypatch.undo()
+    after = CapsNet.from_pretrained(run / "last").state_dict()
+    for k in before:
+        assert torch.equal(before[k], after[k])
+    assert load_state(run)["epoch"] == 1
+    assert [r["epoch"] for r in read_summary(run)] == [1]
+    assert not [p for p in run.rglob("*.tmp")]
+
+
+def test_existing_run_is_not_overwritten(tmp_path, capsys):
+    _run(tmp_path, "run", train={"epochs": 1})
+    code = main(["train", "--out", str(tmp_path / "run"), "--epochs", "1", *SMALL_FLAGS])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--resume" in err[0]
+
+
+def _cli(*args, cwd=None, env_extra=None):
+    env = {**os.environ, **(env_extra or {})}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1] / "src"), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "capsnet", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["train", "--epochs", "0"], "epochs must be >= 1"),
+        (["train", "--batch-size", "many"], "invalid int value"),
+        (["train", "--no-such-flag"], "unrecognized arguments"),
+        (["train", "--dataset", "/no/such/folder"], "no such folder"),
+        (["train", "--device", "cuda:7"], "CUDA"),
+        (["evaluate", "--checkpoint", "/no/such/run"], "no such checkpoint"),
+        (["train", "--config", "/no/such/config.yaml"], "config file not found"),
+    ],
+)
+def test_bad_input_gives_one_line_and_nonzero_exit(args, needle, tmp_path):
+    r = _cli(*args, "--out", str(tmp_path / "x")) if args[0] == "train" else _cli(*args)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0
+    assert len(lines) == 1, r.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in r.stderr
+
+
+def test_corrupt_checkpoint_and_state_give_one_line(tmp_path):
+    _run(tmp_path, "run", train={"epochs": 1})
+    run = tmp_path / "run"
+    (run / "best" / "model.safetensors").write_bytes(b"\x00garbage")
+    r = _cli("evaluate", "--checkpoint", str(run))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "safetensors" in r.stderr
+    (run / "state.pt").write_bytes(b"not a torch file")
+    r = _cli("train", "--out", str(run), "--resume", "--epochs", "2", *SMALL_FLAGS)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "state.pt" in r.stderr
+
+
+def test_config_file_and_flags(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("epochs: 1\ntrain_subset: 64\ntest_subset: 32\nbatch_size: 32\nmodel:\n  conv_channels: 16\n"
+                   "  primary_types: 4\n  primary_dim: 4\n  digit_dim: 6\n  decoder_hidden: [32, 64]\n")  # fmt: skip
+    code = main(["train", "--config", str(cfg), "--batch-size", "64", "--out", str(tmp_path / "r"), "--no-progress"])
+    assert code == 0
+    saved = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert saved["train"]["batch_size"] == 64 and saved["train"]["epochs"] == 1
+    assert saved["model"]["decoder_hidden"] == [32, 64]
+
+
+def test_sigterm_saves_checkpoint_and_exits_cleanly(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    cmd = [sys.executable, "-m", "capsnet", "train", "--out", str(out), "--epochs", "50", "--train-subset", "64",
+           "--test-subset", "32", "--batch-size", "32", "--no-progress", "--no-tensorboard", *SMALL_FLAGS]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 240
+    while not (out / "summary.csv").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "SIGTERM: checkpoint saved" in stderr and "Traceback" not in stderr
+    state = load_state(out)
+    assert 1 <= state["epoch"] < 50
+    CapsNet.from_pretrained(out / "last")
