@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import pickle
 from pathlib import Path
@@ -75,13 +76,31 @@ def _fmt(x: float) -> str:
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A run folder (its best/, else last/) or a save_pretrained folder -> the save_pretrained folder."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such checkpoint folder")
-    if (path / CONFIG_NAME).is_file() and (path / WEIGHTS_NAME).is_file():
-        return path
+    """The `save_pretrained` folder a checkpoint argument names: a run folder's `best/` (falling back to
+    `last/`), or the argument itself when it holds `model.safetensors`."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise CheckpointError(f"{path}: no such checkpoint (give a run folder or a save_pretrained folder)")
+    if not p.is_dir():
+        raise CheckpointError(f"{path}: not a folder (give a run folder or a save_pretrained folder)")
     for sub in ("best", "last"):
-        if (path / sub / CONFIG_NAME).is_file():
-            return path / sub
-    raise CheckpointError(f"{path}: neither a run folder (best/ or last/) nor a save_pretrained folder")
+        if (p / sub / CONFIG_NAME).is_file():
+            return p / sub
+    if (p / WEIGHTS_NAME).is_file():
+        return p
+    if (p / SUMMARY_NAME).is_file() or (p / "state.pt").is_file() or _is_run_config(p / CONFIG_NAME):
+        raise CheckpointError(f"{path}: a training run folder without a checkpoint yet (no best/ or last/)")
+    if (p / CONFIG_NAME).is_file():
+        return p  # load_pretrained names what is missing or wrong
+    raise CheckpointError(
+        f"{path}: neither a run folder (with best/ or last/) nor a save_pretrained folder "
+        f"({CONFIG_NAME} + {WEIGHTS_NAME})"
+    )
+
+
+def _is_run_config(path: Path) -> bool:
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(meta, dict) and "train" in meta and "model_type" not in meta

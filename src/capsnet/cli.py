@@ -23,6 +23,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("demo", "capsnet.demo"),
     ("data", "capsnet.data_cli"),
     ("visualize", "capsnet.visualize"),
+    ("reproduce", "capsnet.reproduce"),
 ]
 
 

@@ -1,0 +1,66 @@
+"""Accuracy benchmark: train with the defaults on the bundled MNIST sample and report test accuracy per epoch.
+
+    python benchmarks/accuracy.py                  # 10 epochs, the targets of 98.5% after 3 and 99.0% after 10
+    python benchmarks/accuracy.py --epochs 3 --out runs/acc3
+
+It prints one line per epoch and, at the end, each target with the measured figure and the ratio of the measured
+error to the error the target allows (<= 1 meets it). Exit status 1 if a target within the run is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+
+import torch
+
+from capsnet.train import TrainConfig, train
+
+TARGETS = {3: 0.985, 10: 0.990}  # epoch -> test accuracy on the bundled 2,000 test digits
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--out", default=None, help="run folder (default: a temporary folder)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = p.parse_args()
+    out = args.out or tempfile.mkdtemp(prefix="capsnet-acc-")
+    cfg = TrainConfig(epochs=args.epochs, out=out, device=args.device, precision=args.precision, seed=args.seed,
+                      progress=False, tensorboard=False)  # fmt: skip
+    print(f"# bundled mnist-sample (6,000 train / 2,000 test), defaults: batch {cfg.batch_size}, lr {cfg.lr}, "
+          f"decay {cfg.lr_decay}/epoch, shift {cfg.shift}px, precision {cfg.precision}; "
+          f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    t0 = time.time()
+    result = train(cfg)
+    wall = time.time() - t0
+    print(f"# wall time {wall:.0f}s; run folder {out}")
+    print("epoch  test_acc  test_err%  train_acc  images/s")
+    for row in result.history:
+        print(f"{int(row['epoch']):>5d}  {row['test_acc']:.4f}   {100 * (1 - row['test_acc']):6.2f}    "
+              f"{row['train_acc']:.4f}   {row['images_per_s']:7.1f}")  # fmt: skip
+    ok = True
+    for epoch, target in TARGETS.items():
+        if epoch > len(result.history):
+            continue
+        acc = result.history[epoch - 1]["test_acc"]
+        ratio = (1 - acc) / (1 - target)
+        met = acc >= target
+        ok &= met
+        print(f"target epoch {epoch}: >= {target:.3f}  measured {acc:.4f}  error ratio {ratio:.2f}  "
+              f"{'MET' if met else 'MISSED'}")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": vars(args), "history": result.history, "wall_s": wall}, f, indent=2)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

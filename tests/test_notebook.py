@@ -1,0 +1,74 @@
+"""Execute examples/mnist.ipynb end to end with tiny settings."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+import capsnet
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "mnist.ipynb"
+# Replaces the values of the notebook's "parameters" cell: a few seconds of training.
+TINY = """\
+EPOCHS = 1
+TRAIN_SUBSET = 64
+TEST_SUBSET = 50
+BATCH_SIZE = 16
+SEED = 0
+OUT = "runs/nb"
+FIGURES = "figures"
+"""
+FIGURES = ("reconstructions", "perturbation", "routing", "curves", "confusion")
+
+
+@pytest.mark.slow
+def test_mnist_notebook_runs(tmp_path, monkeypatch):
+    # nbclient, nbformat, ipykernel and matplotlib come with the dev extra that `make test` installs.
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    params = [k for k, cell in enumerate(nb.cells) if "parameters" in cell.metadata.get("tags", [])]
+    assert len(params) == 1, "the notebook needs exactly one cell tagged 'parameters'"
+    source = nb.cells[params[0]].source
+    assert "EPOCHS = 1" in source and "TRAIN_SUBSET = 500" in source
+    injected = nbformat.v4.new_code_cell(TINY)
+    injected.metadata["tags"] = ["injected-parameters"]
+    nb.cells.insert(params[0] + 1, injected)
+
+    # The kernel is a fresh process: let it import this checkout's capsnet, on at most 2 threads.
+    src = str(Path(capsnet.__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("CAPSNET_OFFLINE", "1")
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    work = tmp_path / "work"
+    work.mkdir()
+    client = NotebookClient(
+        nb, timeout=600, kernel_name=_kernel_name(tmp_path, monkeypatch), resources={"metadata": {"path": str(work)}}
+    )
+    client.execute()  # raises CellExecutionError, with the cell and traceback, if any cell fails
+
+    assert (work / "runs" / "nb" / "summary.csv").is_file()
+    for name in FIGURES:
+        assert (work / "figures" / f"{name}.png").is_file(), name
+    images = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
+              if "image/png" in out.get("data", {})]
+    assert len(images) >= 1 + len(FIGURES)  # the sample digits, then each figure displayed inline
+    text = "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []))
+    assert "parameters" in text and "accuracy" in text
+
+
+def _kernel_name(tmp_path: Path, monkeypatch) -> str:
+    """`python3`: jupyter_client finds ipykernel's own spec for this interpreter; failing that, a spec is
+    installed into a temporary prefix that JUPYTER_PATH points at."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec("python3")
+    except NoSuchKernel:
+        from ipykernel.kernelspec import install
+
+        install(kernel_name="python3", prefix=str(tmp_path / "jupyter"))
+        monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter" / "share" / "jupyter"))
+    return "python3"
