@@ -2,13 +2,15 @@
 
 Recipe (defaults): Adam, lr 1e-3 with exponential decay per epoch; random shifts of up to 2 px (§5); margin loss
 (Eq. 4) + 0.0005 × the summed squared reconstruction error, the decoder masked by the true label (§4.1).
+
+What is trained on comes from a :class:`capsnet.tasks.Task` (the MNIST recipe by default; MultiMNIST and
+expanded MNIST in :mod:`capsnet.reproduce`); `model` chooses CapsNet or the paper's baseline CNN.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import signal
 import sys
 import time
@@ -20,13 +22,13 @@ from typing import Literal
 import torch
 
 from . import distributed as dist_utils
+from .baseline import BaselineCNN, BaselineConfig
 from .checkpoint import STATE_NAME, load_state, save_state, write_summary
 from .config import add_dataclass_arguments, dataclass_from_args, from_dict, load_config_file, to_dict
-from .data import Split, iterate_batches, load_dataset, num_batches, random_shift
-from .errors import ConfigError, DatasetError
-from .evaluate import evaluate
+from .errors import ConfigError
 from .fileio import atomic_write_json
 from .models import CapsNet, CapsNetConfig
+from .tasks import ClassificationTask, Task
 
 
 @dataclass
@@ -52,6 +54,9 @@ class TrainConfig:
     resume: bool = field(default=False, metadata={"help": "continue the run in --out from its last checkpoint"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     tensorboard: bool = field(default=True, metadata={"help": "write TensorBoard scalars when installed"})
+    model: Literal["capsnet", "baseline"] = field(
+        default="capsnet", metadata={"help": "capsnet, or the paper's baseline CNN (capsnet.baseline)"}
+    )
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_batch_size"):
@@ -78,6 +83,7 @@ class TrainResult:
 
 # Model options that come from the data set rather than from flags.
 DATA_FIELDS = ("in_channels", "image_size", "n_classes")
+MODELS = {"capsnet": CapsNet, "baseline": BaselineCNN}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -115,20 +121,18 @@ class _StopFlag:
             signal.signal(sig, old)  # type: ignore[arg-type]
 
 
-def _subset(split: Split, n: int | None) -> Split:
-    return split if n is None else Split(split.images[:n], split.labels[:n])
-
-
 def train(
     config: TrainConfig,
-    model_config: CapsNetConfig | None = None,
+    model_config: CapsNetConfig | BaselineConfig | None = None,
     *,
     on_step: Callable[[int], bool] | None = None,
+    task: Task | None = None,
 ) -> TrainResult:
-    """Train a CapsNet as `config` says; returns when done or when a stop was asked for.
+    """Train a CapsNet (or the baseline CNN) as `config` says; returns when done or when a stop was asked for.
 
     `on_step(global_step)` is called after every optimizer step; returning True stops training with a
-    checkpoint, as SIGINT and SIGTERM do.
+    checkpoint, as SIGINT and SIGTERM do. `task` supplies the batches, loss and test metrics; by default the
+    MNIST classification recipe on `config.dataset` (its dataset, subset and shift fields).
     """
     device = resolve_device(config.device)
     dist = dist_utils.setup(device)
@@ -136,12 +140,12 @@ def train(
         device = torch.device("cuda", dist.local_rank)
         torch.cuda.set_device(device)
     try:
-        return _train(config, model_config, device, dist, on_step)
+        return _train(config, model_config, device, dist, on_step, task)
     finally:
         dist_utils.teardown(dist)
 
 
-def _train(config, model_config, device, dist, on_step) -> TrainResult:
+def _train(config, model_config, device, dist, on_step, task) -> TrainResult:
     run_dir = Path(config.out)
     has_state = (run_dir / STATE_NAME).is_file()
     if has_state and not config.resume:
@@ -149,21 +153,17 @@ def _train(config, model_config, device, dist, on_step) -> TrainResult:
     if config.resume and not has_state:
         raise ConfigError(f"--resume: {run_dir} holds no {STATE_NAME} to continue from")
 
-    data = load_dataset(config.dataset, data_dir=config.data_dir)
-    if data.train is None:
-        raise DatasetError(f"{data.source}: holds only a test split; training needs the train-* files too")
-    train_split, test_split = _subset(data.train, config.train_subset), _subset(data.test, config.test_subset)
-    _, channels, height, width = train_split.images.shape
-    if height != width:
-        raise DatasetError(f"{data.source}: images are {height}x{width}; CapsNet expects square images")
-    derived = {"in_channels": channels, "image_size": height, "n_classes": data.n_classes}
+    task = task if task is not None else ClassificationTask.from_config(config)
+    model_class = MODELS[config.model]
     state = load_state(run_dir, map_location=device) if config.resume else None
     if state is not None:  # the run's model is the one saved with it
-        model_config = from_dict(CapsNetConfig, state["model_config"], what=f"{run_dir}/{STATE_NAME}")
-    model_config = dataclasses.replace(model_config or CapsNetConfig(), **derived)
+        model_config = from_dict(model_class.config_class, state["model_config"], what=f"{run_dir}/{STATE_NAME}")
+    if model_config is not None and not isinstance(model_config, model_class.config_class):
+        raise ConfigError(f"model {config.model!r} takes a {model_class.config_class.__name__}")
+    model_config = dataclasses.replace(model_config or model_class.config_class(), **task.model_fields())
 
     torch.manual_seed(config.seed)
-    model = CapsNet(config=model_config).to(device)
+    model = model_class(config=model_config).to(device)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
@@ -183,10 +183,10 @@ def _train(config, model_config, device, dist, on_step) -> TrainResult:
         if len(saved) == dist.world_size:  # same number of processes: continue each stream exactly
             augment_rng.set_state(saved[dist.rank].cpu())
 
-    trained = model
+    trained = task.wrap(model)  # the module whose forward runs each step (the model itself by default)
     if dist.enabled:
         ids = [device] if device.type == "cuda" else None
-        trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        trained = torch.nn.parallel.DistributedDataParallel(trained, device_ids=ids)
     if config.compile:
         trained = torch.compile(trained)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
@@ -194,7 +194,8 @@ def _train(config, model_config, device, dist, on_step) -> TrainResult:
     log = _Logger(run_dir, config, dist.is_main)
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(run_dir / "config.json", {"train": to_dict(config), "model": to_dict(model_config)})
+        meta = {"train": to_dict(config), "model": to_dict(model_config), "task": task.name}
+        atomic_write_json(run_dir / "config.json", meta)
         if history:
             write_summary(run_dir, history)
 
@@ -216,35 +217,35 @@ def _train(config, model_config, device, dist, on_step) -> TrainResult:
         })  # fmt: skip
         write_summary(run_dir, history)
 
-    n_batches = num_batches(len(train_split), batch_size=config.batch_size, world_size=dist.world_size)
+    n_batches = task.num_batches(batch_size=config.batch_size, world_size=dist.world_size)
     interrupted = False
     with _StopFlag() as stop:
         while epoch < config.epochs and not interrupted:
             model.train()
-            batches = iterate_batches(
-                train_split, batch_size=config.batch_size, shuffle=True, seed=config.seed, epoch=epoch,
-                rank=dist.rank, world_size=dist.world_size, device=device,
+            batches = task.batches(
+                epoch=epoch, batch_size=config.batch_size, seed=config.seed, rank=dist.rank,
+                world_size=dist.world_size, device=device, generator=augment_rng, start=batch_in_epoch,
             )  # fmt: skip
             bar = log.bar(epoch, n_batches, batch_in_epoch)
-            for images, labels in itertools.islice(batches, batch_in_epoch, None):
-                t0 = time.perf_counter()
-                images = random_shift(images, config.shift, generator=augment_rng)
+            t0 = time.perf_counter()  # step time includes making the batch (augmentation, MultiMNIST rendering)
+            for batch in batches:
                 if config.channels_last:
-                    images = images.contiguous(memory_format=torch.channels_last)
+                    batch.images = batch.images.contiguous(memory_format=torch.channels_last)
                 with autocast:
-                    out = trained(images, labels)
-                    loss, _ = model.loss(out, images, labels)
+                    out = task.forward(trained, batch)
+                    loss, n_correct = task.loss(model, out, batch)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
                 step += 1
                 batch_in_epoch += 1
-                n = labels.shape[0]
+                n = batch.images.shape[0]
                 running[0] += loss.item() * n
-                running[1] += (out.predictions == labels).sum().item()
+                running[1] += n_correct
                 running[2] += n
                 running[3] += time.perf_counter() - t0
                 log.step(bar, step, loss.item(), running)
+                t0 = time.perf_counter()
                 asked = (on_step is not None and on_step(step)) or stop.signum is not None
                 if dist_utils.any_rank(asked, dist, device):
                     interrupted = True
@@ -257,7 +258,7 @@ def _train(config, model_config, device, dist, on_step) -> TrainResult:
             seconds /= dist.world_size
             lr = optimizer.param_groups[0]["lr"]
             scheduler.step()
-            test = evaluate(model, test_split, batch_size=config.eval_batch_size, device=device, dist=dist)
+            test = task.evaluate(model, batch_size=config.eval_batch_size, device=device, dist=dist)
             row = {
                 "epoch": epoch + 1, "train_loss": loss_sum / count, "train_acc": correct / count,
                 "test_loss": test["loss"], "test_acc": test["accuracy"], "lr": lr,
@@ -351,7 +352,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[TrainConfig, CapsNetCon
 
 def run(args: argparse.Namespace) -> int:
     config, model_config = configs_from_args(args)
-    result = train(config, model_config)
+    result = train(config, model_config if config.model == "capsnet" else None)
     if result.interrupted:
         return 128 + result.signal if result.signal else 130
     print(f"done: best test accuracy {result.best_test_acc:.4f}; outputs in {result.run_dir}/ "
