@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .routing import fast_dynamic_routing
+
 
 def squash(s: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
     """Eq. 1: v = |s|² / (1 + |s|²) · s / |s|.
@@ -106,6 +108,10 @@ class Router(nn.Module):
         detach_votes: stop gradients through û_j|i in every iteration but the last (a common variant;
             the paper's default, False, backpropagates through all of them).
         weight_std: initial std of W; defaults to :func:`default_weight_std`.
+        fast: use :func:`capsnet.routing.fast_dynamic_routing` (large-K GEMMs, hand-derived backward, fp32
+            under autocast) instead of the plain autograd path (:func:`route_votes` + :func:`dynamic_routing`).
+            Both compute the same function; the fast one supports a single backward pass only, so set
+            ``router.fast = False`` for double backward (e.g. gradient penalties).
 
     `weight` has the seed's layout (in_caps, out_caps, in_d, out_d), so its state dicts load unchanged.
     """
@@ -120,6 +126,7 @@ class Router(nn.Module):
         *,
         detach_votes: bool = False,
         weight_std: float | None = None,
+        fast: bool = True,
     ):
         super().__init__()
         if min(in_caps, out_caps, in_d, out_d) < 1:
@@ -129,6 +136,8 @@ class Router(nn.Module):
         self.in_caps, self.out_caps, self.in_d, self.out_d = in_caps, out_caps, in_d, out_d
         self.iterations = iterations
         self.detach_votes = detach_votes
+        self.fast = fast
+        self.chunk: int | None = None  # batch chunk of the fast path; None: capsnet.routing.default_chunk
         self.weight = nn.Parameter(torch.empty(in_caps, out_caps, in_d, out_d))
         self.weight_std = default_weight_std(in_caps, out_caps, out_d) if weight_std is None else weight_std
         self.reset_parameters()
@@ -157,7 +166,12 @@ class Router(nn.Module):
 
     def forward(self, u: torch.Tensor, *, return_coupling: bool = False) -> torch.Tensor | RoutingResult:
         self._check_input(u)
-        v, c = dynamic_routing(self.votes(u), self.iterations, detach_votes=self.detach_votes)
+        if self.fast:
+            v, c = fast_dynamic_routing(
+                u, self.weight, self.iterations, detach_votes=self.detach_votes, chunk=self.chunk
+            )
+        else:
+            v, c = dynamic_routing(self.votes(u), self.iterations, detach_votes=self.detach_votes)
         return RoutingResult(v, c) if return_coupling else v
 
 
