@@ -1,6 +1,10 @@
 """Forward+backward of capsnet.Router vs the seed's einsum formulation of dynamic routing (MNIST shape).
 
     python benchmarks/bench_routing.py [--device cpu|cuda] [--batch-sizes 32,64,128] [--repeats 7]
+                                       [--impl router|torch-fast|both]
+
+`--impl router` (default) times capsnet.Router as dispatched (on CPU the fused C++ kernel of capsnet.routing_cpu,
+when it builds); `torch-fast` times capsnet.routing.fast_dynamic_routing (PyTorch ops); `both` times both.
 
 Both variants run interleaved in one process (the machine may be shared) and the medians are compared.
 Peak memory: on CUDA torch.cuda.max_memory_allocated; on CPU the growth of the peak resident set size
@@ -24,6 +28,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 from capsnet import Router
+from capsnet.routing import fast_dynamic_routing
 
 IN_CAPS, OUT_CAPS, IN_D, OUT_D = 1152, 10, 8, 16
 
@@ -68,7 +73,12 @@ def step(variant: str, router: Router, u: torch.Tensor, grad_out: torch.Tensor) 
     """One forward + backward; returns v."""
     u.grad = None
     router.weight.grad = None
-    v = router(u) if variant == "router" else seed_routing(u, router.weight)
+    if variant == "router":
+        v = router(u)
+    elif variant == "torch-fast":
+        v = fast_dynamic_routing(u, router.weight, router.iterations)[0]
+    else:
+        v = seed_routing(u, router.weight)
     v.backward(grad_out)
     return v
 
@@ -122,14 +132,14 @@ def probe(variant: str, batch: int) -> None:
     print(max(0, peak - before) / 1024)
 
 
-def max_diffs(batch: int, device: torch.device) -> dict[str, float]:
+def max_diffs(batch: int, device: torch.device, variant: str = "router") -> dict[str, float]:
     router, u, g = make_inputs(batch, device)
     out = {}
-    for variant in ("router", "seed"):
-        v = step(variant, router, u, g)
-        out[variant] = (v.detach().clone(), u.grad.clone(), router.weight.grad.clone())
+    for name in (variant, "seed"):
+        v = step(name, router, u, g)
+        out[name] = (v.detach().clone(), u.grad.clone(), router.weight.grad.clone())
     names = ("v", "grad_u", "grad_W")
-    return {n: (a - b).abs().max().item() for n, a, b in zip(names, out["router"], out["seed"])}
+    return {n: (a - b).abs().max().item() for n, a, b in zip(names, out[variant], out["seed"])}
 
 
 def main() -> int:
@@ -140,6 +150,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--tolerance", type=float, default=1e-5, help="max abs diff allowed (fp32)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--impl", default="router", choices=["router", "torch-fast", "both"],
+                   help="what to compare with the seed (router: capsnet.Router as dispatched)")
     p.add_argument("--_probe", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._probe:
@@ -150,14 +162,15 @@ def main() -> int:
     device = torch.device(args.device)
     print(f"device={device} threads={torch.get_num_threads()} torch={torch.__version__} "
           f"shape: {IN_CAPS}x{IN_D} -> {OUT_CAPS}x{OUT_D}, 3 iterations, forward+backward, medians of {args.repeats}")
-    print(f"{'batch':>5} {'seed img/s':>11} {'Router img/s':>13} {'speed-up':>9} {'seed MiB':>9} {'Router MiB':>11}"
-          f" {'max|dv|':>9} {'max|du|':>9} {'max|dW|':>9}")
+    impls = ["router", "torch-fast"] if args.impl == "both" else [args.impl]
+    print(f"{'impl':>10} {'batch':>5} {'seed img/s':>11} {'impl img/s':>11} {'speed-up':>9} {'seed MiB':>9}"
+          f" {'impl MiB':>9} {'max|dv|':>9} {'max|du|':>9} {'max|dW|':>9}")
     ok = True
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
-        diffs = max_diffs(batch, device)
-        ok &= all(d <= args.tolerance for d in diffs.values())
+        diffs = {k: max_diffs(batch, device, k) for k in impls}
+        ok &= all(d <= args.tolerance for dk in diffs.values() for d in dk.values())
         router, u, g = make_inputs(batch, device)
-        times: dict[str, list[float]] = {"seed": [], "router": []}
+        times: dict[str, list[float]] = {k: [] for k in ["seed", *impls]}
         for variant in times:  # warm-up
             step(variant, router, u, g)
         for _ in range(args.repeats):
@@ -169,12 +182,14 @@ def main() -> int:
                 ts.append(time.perf_counter() - t0)
         med = {k: statistics.median(v) for k, v in times.items()}
         if args.no_memory:
-            mem = {"seed": float("nan"), "router": float("nan")}
+            mem = {k: float("nan") for k in times}
         else:
             mem = {k: peak_memory_mib(k, batch, device) for k in times}
-        print(f"{batch:>5} {batch / med['seed']:>11.0f} {batch / med['router']:>13.0f} "
-              f"{med['seed'] / med['router']:>8.2f}x {mem['seed']:>9.1f} {mem['router']:>11.1f} "
-              f"{diffs['v']:>9.1e} {diffs['grad_u']:>9.1e} {diffs['grad_W']:>9.1e}", flush=True)
+        for k in impls:
+            d = diffs[k]
+            print(f"{k:>10} {batch:>5} {batch / med['seed']:>11.0f} {batch / med[k]:>11.0f} "
+                  f"{med['seed'] / med[k]:>8.2f}x {mem['seed']:>9.1f} {mem[k]:>9.1f} "
+                  f"{d['v']:>9.1e} {d['grad_u']:>9.1e} {d['grad_W']:>9.1e}", flush=True)
     if not ok:
         print(f"FAILED: outputs or gradients differ by more than {args.tolerance}", file=sys.stderr)
         return 1

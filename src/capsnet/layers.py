@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import routing_cpu
 from .routing import fast_dynamic_routing
 
 
@@ -108,10 +109,12 @@ class Router(nn.Module):
         detach_votes: stop gradients through û_j|i in every iteration but the last (a common variant;
             the paper's default, False, backpropagates through all of them).
         weight_std: initial std of W; defaults to :func:`default_weight_std`.
-        fast: use :func:`capsnet.routing.fast_dynamic_routing` (large-K GEMMs, hand-derived backward, fp32
-            under autocast) instead of the plain autograd path (:func:`route_votes` + :func:`dynamic_routing`).
-            Both compute the same function; the fast one supports a single backward pass only, so set
-            ``router.fast = False`` for double backward (e.g. gradient penalties).
+        fast: use a fast path with a hand-derived backward (fp32 under autocast) instead of the plain autograd
+            path (:func:`route_votes` + :func:`dynamic_routing`): on CPUs the fused C++ kernel of
+            :mod:`capsnet.routing_cpu` (built at first use; ``CAPSNET_NO_EXT=1`` disables it), elsewhere, or if it
+            cannot be built, :func:`capsnet.routing.fast_dynamic_routing` (large-K GEMMs). All compute the same
+            function; the fast ones support a single backward pass only, so set ``router.fast = False`` for double
+            backward (e.g. gradient penalties).
 
     `weight` has the seed's layout (in_caps, out_caps, in_d, out_d), so its state dicts load unchanged.
     """
@@ -166,7 +169,9 @@ class Router(nn.Module):
 
     def forward(self, u: torch.Tensor, *, return_coupling: bool = False) -> torch.Tensor | RoutingResult:
         self._check_input(u)
-        if self.fast:
+        if self.fast and routing_cpu.applicable(u, self.weight):
+            v, c = routing_cpu.cpu_dynamic_routing(u, self.weight, self.iterations, detach_votes=self.detach_votes)
+        elif self.fast:
             v, c = fast_dynamic_routing(
                 u, self.weight, self.iterations, detach_votes=self.detach_votes, chunk=self.chunk
             )
