@@ -87,16 +87,17 @@ class RoutingResult(NamedTuple):
     coupling: torch.Tensor
 
 
-def default_weight_std(in_caps: int, out_caps: int, out_d: int) -> float:
-    """Initial std of W_ij, chosen so that routing starts out of the squash's flat regions.
+def default_weight_std(in_caps: int) -> float:
+    """Initial std of W_ij: 1 / sqrt(in_caps), a fan-in rule over the input capsules (0.0295 for MNIST's 1152).
 
-    Each vote element has variance std²·|u_i|², so |û_j|i|² ≈ out_d·std²·|u_i|². The first pass couples
-    uniformly (c_ij = 1/out_caps), so s_j sums in_caps independent votes / out_caps and
-    |s_j|² ≈ in_caps·out_d·std²·|u|² / out_caps². std = out_caps / sqrt(in_caps·out_d) gives |s_j| ≈ |u_i|.
-    For MNIST (1152 → 10, 16D) that is 0.074. The seed's std = 1 makes |s_j| ≫ 1, saturates the squash and
-    leaves MNIST at chance; a fixed 0.01 makes |v_j| ≈ |s_j|² tiny and learning slow (docs/benchmarks.md).
+    With the first pass's uniform coupling c_ij = 1/out_caps, s_j sums in_caps independent votes, each of norm
+    about std·sqrt(out_d)·|u_i|, so std = 1/sqrt(in_caps) makes |s_j| ≈ sqrt(out_d)·|u_i| / out_caps whatever
+    the number of input capsules: small, in the squash's linear-to-quadratic range, never saturated.
+    Measured on the bundled MNIST sample (3 epochs, batch 32, docs/benchmarks.md): the seed's std 1 saturates every
+    |v_j| near 1 and stays at chance (10%); std 0.25 also stays at chance; 0.074 reaches 97.65% and 0.03 reaches
+    98.0% test accuracy.
     """
-    return out_caps / math.sqrt(in_caps * out_d)
+    return 1.0 / math.sqrt(in_caps)
 
 
 class Router(nn.Module):
@@ -142,7 +143,7 @@ class Router(nn.Module):
         self.fast = fast
         self.chunk: int | None = None  # batch chunk of the fast path; None: capsnet.routing.default_chunk
         self.weight = nn.Parameter(torch.empty(in_caps, out_caps, in_d, out_d))
-        self.weight_std = default_weight_std(in_caps, out_caps, out_d) if weight_std is None else weight_std
+        self.weight_std = default_weight_std(in_caps) if weight_std is None else weight_std
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
