@@ -27,6 +27,8 @@ from types import ModuleType
 
 import torch
 
+from .routing import _own
+
 _SOURCE = Path(__file__).with_name("csrc") / "routing_cpu.cpp"
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "module": the loaded extension or None after a failure; "error": why
@@ -106,11 +108,6 @@ def available() -> bool:
 def applicable(u: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`cpu_dynamic_routing` handles these inputs: CPU tensors, the kernel builds."""
     return u.device.type == "cpu" and weight.device.type == "cpu" and available()
-
-
-def _own(t: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-    """`t`, cloned if it still shares memory with `source`."""
-    return t.clone() if t.untyped_storage().data_ptr() == source.untyped_storage().data_ptr() else t
 
 
 class CpuRouting(torch.autograd.Function):
