@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from .checkpoint import STATE_NAME, load_state
+from .errors import ConfigError
 from .evaluate import evaluate_checkpoint
 from .train import TrainConfig, resolve_device, train
 
@@ -24,6 +25,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.epochs < 1:
+        raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
     out = Path(args.out)
     resume = (out / STATE_NAME).is_file()
     if resume and load_state(out)["epoch"] >= args.epochs:

@@ -192,6 +192,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setting = setting_for(args.experiment, quick=args.quick, dataset=args.dataset)
+    resolve_device(args.device)  # a bad --device fails here, before anything is printed or trained
     print(setting.note, flush=True)
     report = run_experiment(
         args.experiment, quick=args.quick, out=args.out, device=args.device, dataset=args.dataset,
