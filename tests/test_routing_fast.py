@@ -9,6 +9,12 @@ from capsnet.layers import dynamic_routing, route_votes
 from capsnet.routing import default_chunk, fast_dynamic_routing
 
 
+@pytest.fixture(autouse=True)
+def _pytorch_fast_path(monkeypatch):
+    """On CPU, Router would dispatch to the fused C++ kernel (tested in test_routing_cpu.py); these tests are about
+    the pure-PyTorch fast path, which CAPSNET_NO_EXT=1 selects."""
+    monkeypatch.setenv("CAPSNET_NO_EXT", "1")
+
 def _run(fn, u, w, grad_v, grad_c):
     """Outputs (v, c) and the gradients of u and W of L = Σ v·grad_v + Σ c·grad_c."""
     u = u.detach().clone().requires_grad_()

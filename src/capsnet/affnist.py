@@ -17,17 +17,15 @@ list them, so they are not independently verified here. Results on the generated
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .data import Split, iterate_batches, load_dataset, num_batches
+from .data import Split, load_dataset
 from .errors import ConfigError, DatasetError
-from .evaluate import evaluate
-from .tasks import Batch, Task, place_on_canvas, seeded_generator
+from .tasks import ClassificationTask, place_on_canvas, seeded_generator
 
 CANVAS = 40
 # affNIST-style ranges (see the module docstring for their source).
@@ -159,36 +157,19 @@ def load_affnist(path: str | Path) -> Split:
 
 
 # ------------------------------------------------------------------------------------------------ task
-class ExpandedMNISTTask(Task):
+class ExpandedMNISTTask(ClassificationTask):
     """Train on expanded MNIST (a fresh random 40×40 placement of every digit, every epoch); the loop's test
     metric is the expanded MNIST test set (fixed placements). affNIST is scored separately, after training."""
 
     name = "expanded-mnist"
 
     def __init__(self, *, train: Split, test: Split, n_classes: int = 10, canvas: int = CANVAS, seed: int = 0):
-        self.train, self.canvas = train, canvas
-        self.test = expanded_test_set(test, canvas=canvas, seed=seed)
-        self.in_channels, self.image_size, self.n_classes = train.images.shape[1], canvas, n_classes
+        super().__init__(train=train, test=expanded_test_set(test, canvas=canvas, seed=seed), n_classes=n_classes,
+                         shift=0)  # fmt: skip
+        self.canvas, self.image_size = canvas, canvas
 
-    def num_batches(self, *, batch_size: int, world_size: int) -> int:
-        return num_batches(len(self.train), batch_size=batch_size, world_size=world_size)
-
-    def batches(self, *, epoch, batch_size, seed, rank, world_size, device, generator, start=0) -> Iterator[Batch]:
-        it = iterate_batches(
-            self.train, batch_size=batch_size, shuffle=True, seed=seed, epoch=epoch, rank=rank,
-            world_size=world_size, device=device,
-        )  # fmt: skip
-        for _ in range(start):  # skipped batches draw no placements: the generator state was restored instead
-            next(it, None)
-        for images, labels in it:
-            yield Batch(random_placement(images, generator, canvas=self.canvas)[0], labels)
-
-    def loss(self, model, out, batch) -> tuple[torch.Tensor, float]:
-        loss, _ = model.loss(out, batch.images, batch.targets)
-        return loss, (out.predictions == batch.targets).sum().item()
-
-    def evaluate(self, model, *, batch_size, device, dist) -> dict:
-        return evaluate(model, self.test, batch_size=batch_size, device=device, dist=dist)
+    def augment(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        return random_placement(images, generator, canvas=self.canvas)[0]
 
 
 __all__ = [

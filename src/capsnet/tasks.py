@@ -109,8 +109,13 @@ class ClassificationTask(Task):
             self.train, batch_size=batch_size, shuffle=True, seed=seed, epoch=epoch, rank=rank,
             world_size=world_size, device=device,
         )  # fmt: skip
+        # Skipped batches (a resumed epoch) draw no random numbers: the generator state was restored instead.
         for images, labels in itertools.islice(it, start, None):
-            yield Batch(random_shift(images, self.shift, generator=generator), labels)
+            yield Batch(self.augment(images, generator), labels)
+
+    def augment(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """The training augmentation: the paper's random shift (§5)."""
+        return random_shift(images, self.shift, generator=generator)
 
     def loss(self, model, out, batch) -> tuple[torch.Tensor, float]:
         loss, _ = model.loss(out, batch.images, batch.targets)
