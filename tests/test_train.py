@@ -13,7 +13,7 @@ from helpers import SMALL_FLAGS, small_config
 from capsnet import CapsNet
 from capsnet.checkpoint import COLUMNS, load_state, read_summary
 from capsnet.cli import main
-from capsnet.train import TrainConfig, train
+from capsnet.train import TrainConfig, make_adam, train
 
 TINY = dict(train_subset=96, test_subset=64, batch_size=32, epochs=2, progress=False)
 
@@ -42,6 +42,23 @@ def test_two_epoch_run_writes_every_output(tmp_path):
     assert any((run / "tb").iterdir())
     state = load_state(run)  # weights_only=True
     assert state["epoch"] == 2 and state["step"] == 6
+
+
+def test_fused_adam_matches_the_reference_update():
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(6, 4), torch.nn.Linear(6, 4)
+    b.load_state_dict(a.state_dict())
+    fused = make_adam(list(a.parameters()), lr=1e-2, device=torch.device("cpu"))
+    plain = torch.optim.Adam(b.parameters(), lr=1e-2, foreach=False)
+    assert fused.defaults["fused"]  # torch 2.13 has the CPU kernel
+    for _ in range(5):
+        x = torch.randn(8, 6)
+        for model, opt in ((a, fused), (b, plain)):
+            opt.zero_grad()
+            model(x).pow(2).sum().backward()
+            opt.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
 def test_resumed_run_equals_uninterrupted(tmp_path):

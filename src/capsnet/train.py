@@ -86,6 +86,17 @@ DATA_FIELDS = ("in_channels", "image_size", "n_classes")
 MODELS = {"capsnet": CapsNet, "baseline": BaselineCNN}
 
 
+def make_adam(params: list[torch.nn.Parameter], *, lr: float, device: torch.device) -> torch.optim.Adam:
+    """Adam, with PyTorch's fused kernel where it exists (CUDA; CPU since torch 2.4): the same update in one pass
+    over memory instead of several."""
+    if device.type in ("cpu", "cuda"):
+        try:
+            return torch.optim.Adam(params, lr=lr, fused=True)
+        except RuntimeError:  # an older torch without the fused kernel for this device
+            pass
+    return torch.optim.Adam(params, lr=lr)
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -166,7 +177,7 @@ def _train(config, model_config, device, dist, on_step, task) -> TrainResult:
     model = model_class(config=model_config).to(device)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    optimizer = make_adam(list(model.parameters()), lr=config.lr, device=device)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=config.lr_decay)
     augment_rng = torch.Generator(device=device).manual_seed(config.seed * 1009 + dist.rank)
     epoch, batch_in_epoch, step, best_acc = 0, 0, 0, -1.0

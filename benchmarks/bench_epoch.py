@@ -1,0 +1,107 @@
+"""Training throughput over whole epochs: `capsnet train` vs a plain training loop over the seed formulation.
+
+    python benchmarks/bench_epoch.py [--batch-size 64] [--precision fp32|bf16] [--repeats 2] [--device cpu|cuda]
+
+Both train on the bundled MNIST sample (6,000 digits) at the same batch size, one epoch per measurement,
+alternating seed, capsnet, seed, capsnet, ... so drift on a shared machine hits both alike.
+
+- seed: the seed article's model (benchmarks/bench_train.py's SeedCapsNet: einsum votes, softmax over the output
+  capsules, r = 3) in a plain loop: shuffle, index a batch, the same ±2 px random shift, forward, margin +
+  reconstruction loss, backward, Adam. Always fp32 (it is the reference). images/s = images / loop seconds.
+- capsnet: `capsnet.train.train` with the defaults except the batch size and `--precision` (no progress bar, no
+  TensorBoard), for one epoch; images/s is the figure it writes to summary.csv (training steps only, the test
+  pass after the epoch excluded — as for the seed loop).
+
+The median of the per-run ratios is the figure the speed issue targets (fp32 >= 1.3x, bf16 >= 2.0x at batch 64).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_routing import sync
+from bench_train import SeedCapsNet, seed_loss
+
+from capsnet import CapsNet
+from capsnet.augment import random_shift
+from capsnet.data import load_dataset
+from capsnet.train import TrainConfig, train
+
+
+def seed_epoch(batch_size: int, device: torch.device, seed: int) -> float:
+    """One epoch of the plain seed loop; returns images/s."""
+    torch.manual_seed(seed)
+    model = SeedCapsNet().to(device).train()
+    # Same starting point as capsnet's (its weights; the seed's own std-1 W would not train).
+    model.load_state_dict({k: v for k, v in CapsNet().state_dict().items() if k in model.state_dict()})
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    split = load_dataset("mnist-sample").train
+    order = torch.randperm(len(split))
+    gen = torch.Generator(device=device).manual_seed(seed)
+    sync(device)
+    t0 = time.perf_counter()
+    for start in range(0, len(order), batch_size):
+        take = order[start : start + batch_size]
+        images = split.images[take].to(device).float().div_(255.0)
+        labels = split.labels[take].to(device)
+        images = random_shift(images, 2, generator=gen)
+        opt.zero_grad(set_to_none=True)
+        loss = seed_loss(*model(images, labels), images, labels)
+        loss.backward()
+        opt.step()
+        loss.item()  # a real loop logs its loss
+    sync(device)
+    return len(order) / (time.perf_counter() - t0)
+
+
+def capsnet_epoch(batch_size: int, device: torch.device, precision: str, seed: int, subset: int | None = None) -> float:
+    with tempfile.TemporaryDirectory(prefix="capsnet-bench-") as out:
+        cfg = TrainConfig(batch_size=batch_size, epochs=1, precision=precision, device=str(device), seed=seed,
+                          out=out, progress=False, tensorboard=False, train_subset=subset,
+                          test_subset=subset)  # fmt: skip
+        result = train(cfg)
+    return result.history[0]["images_per_s"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--repeats", type=int, default=2, help="epochs measured per variant")
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    print(f"device={device} threads={torch.get_num_threads()} batch={args.batch_size} "
+          f"capsnet precision={args.precision} (seed loop fp32); one epoch of 6,000 bundled digits per run")
+    # Warm-up on a few batches: builds/loads the routing kernel and fills the allocator, outside the timings.
+    capsnet_epoch(args.batch_size, device, args.precision, seed=0, subset=4 * args.batch_size)
+    rates: dict[str, list[float]] = {"seed": [], "capsnet": []}
+    for r in range(args.repeats):
+        rates["seed"].append(seed_epoch(args.batch_size, device, seed=r))
+        rates["capsnet"].append(capsnet_epoch(args.batch_size, device, args.precision, seed=r))
+        print(f"run {r + 1}: seed {rates['seed'][-1]:.1f} img/s, capsnet {rates['capsnet'][-1]:.1f} img/s, "
+              f"ratio {rates['capsnet'][-1] / rates['seed'][-1]:.2f}x", flush=True)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    # Each run pairs two back-to-back epochs, so the median of the per-run ratios is the figure that holds up
+    # when the machine's speed drifts between runs.
+    ratio = statistics.median(c / s for s, c in zip(rates["seed"], rates["capsnet"]))
+    print(f"{'batch':>5} {'precision':>9} {'seed img/s':>11} {'capsnet img/s':>14} {'speed-up':>9}")
+    print(f"{args.batch_size:>5} {args.precision:>9} {med['seed']:>11.1f} {med['capsnet']:>14.1f} {ratio:>8.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
