@@ -1,9 +1,11 @@
 """Training throughput over whole epochs: `capsnet train` vs a plain training loop over the seed formulation.
 
     python benchmarks/bench_epoch.py [--batch-size 64] [--precision fp32|bf16] [--repeats 2] [--device cpu|cuda]
+                                     [--dataset mnist-sample|fashion-mnist|mnist|FOLDER]
 
-Both train on the bundled MNIST sample (6,000 digits) at the same batch size, one epoch per measurement,
-alternating seed, capsnet, seed, capsnet, ... so drift on a shared machine hits both alike.
+Both train on the same data (by default the bundled MNIST sample, 6,000 digits; a 60,000-image set such as
+fashion-mnist times a full-MNIST-sized epoch) at the same batch size, one epoch per measurement, alternating
+seed, capsnet, seed, capsnet, ... so drift on a shared machine hits both alike.
 
 - seed: the seed article's model (benchmarks/bench_train.py's SeedCapsNet: einsum votes, softmax over the output
   capsules, r = 3) in a plain loop: shuffle, index a batch, the same ±2 px random shift, forward, margin +
@@ -38,14 +40,14 @@ from capsnet.data import load_dataset
 from capsnet.train import TrainConfig, train
 
 
-def seed_epoch(batch_size: int, device: torch.device, seed: int) -> float:
+def seed_epoch(batch_size: int, device: torch.device, seed: int, dataset: str) -> float:
     """One epoch of the plain seed loop; returns images/s."""
     torch.manual_seed(seed)
     model = SeedCapsNet().to(device).train()
     # Same starting point as capsnet's (its weights; the seed's own std-1 W would not train).
     model.load_state_dict({k: v for k, v in CapsNet().state_dict().items() if k in model.state_dict()})
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    split = load_dataset("mnist-sample").train
+    split = load_dataset(dataset).train
     order = torch.randperm(len(split))
     gen = torch.Generator(device=device).manual_seed(seed)
     sync(device)
@@ -64,13 +66,15 @@ def seed_epoch(batch_size: int, device: torch.device, seed: int) -> float:
     return len(order) / (time.perf_counter() - t0)
 
 
-def capsnet_epoch(batch_size: int, device: torch.device, precision: str, seed: int, subset: int | None = None) -> float:
+def capsnet_epoch(batch_size: int, device: torch.device, precision: str, seed: int, dataset: str,
+                  subset: int | None = None) -> dict[str, float]:  # fmt: skip
+    """One epoch of `capsnet train`; returns its summary.csv row (images_per_s, seconds, ...)."""
     with tempfile.TemporaryDirectory(prefix="capsnet-bench-") as out:
-        cfg = TrainConfig(batch_size=batch_size, epochs=1, precision=precision, device=str(device), seed=seed,
-                          out=out, progress=False, tensorboard=False, train_subset=subset,
+        cfg = TrainConfig(dataset=dataset, batch_size=batch_size, epochs=1, precision=precision, device=str(device),
+                          seed=seed, out=out, progress=False, tensorboard=False, train_subset=subset,
                           test_subset=subset)  # fmt: skip
         result = train(cfg)
-    return result.history[0]["images_per_s"]
+    return result.history[0]
 
 
 def main() -> int:
@@ -80,20 +84,22 @@ def main() -> int:
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--repeats", type=int, default=2, help="epochs measured per variant")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--dataset", default="mnist-sample", help="data set name or MNIST-format folder")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     print(f"device={device} threads={torch.get_num_threads()} batch={args.batch_size} "
-          f"capsnet precision={args.precision} (seed loop fp32); one epoch of 6,000 bundled digits per run")
+          f"capsnet precision={args.precision} (seed loop fp32); one epoch of {args.dataset} per run")
     # Warm-up on a few batches: builds/loads the routing kernel and fills the allocator, outside the timings.
-    capsnet_epoch(args.batch_size, device, args.precision, seed=0, subset=4 * args.batch_size)
+    capsnet_epoch(args.batch_size, device, args.precision, seed=0, dataset=args.dataset, subset=4 * args.batch_size)
     rates: dict[str, list[float]] = {"seed": [], "capsnet": []}
     for r in range(args.repeats):
-        rates["seed"].append(seed_epoch(args.batch_size, device, seed=r))
-        rates["capsnet"].append(capsnet_epoch(args.batch_size, device, args.precision, seed=r))
-        print(f"run {r + 1}: seed {rates['seed'][-1]:.1f} img/s, capsnet {rates['capsnet'][-1]:.1f} img/s, "
-              f"ratio {rates['capsnet'][-1] / rates['seed'][-1]:.2f}x", flush=True)
+        rates["seed"].append(seed_epoch(args.batch_size, device, seed=r, dataset=args.dataset))
+        row = capsnet_epoch(args.batch_size, device, args.precision, seed=r, dataset=args.dataset)
+        rates["capsnet"].append(row["images_per_s"])
+        print(f"run {r + 1}: seed {rates['seed'][-1]:.1f} img/s, capsnet {rates['capsnet'][-1]:.1f} img/s "
+              f"({row['seconds']:.1f} s per epoch), ratio {rates['capsnet'][-1] / rates['seed'][-1]:.2f}x", flush=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
     # Each run pairs two back-to-back epochs, so the median of the per-run ratios is the figure that holds up
     # when the machine's speed drifts between runs.
