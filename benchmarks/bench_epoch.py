@@ -37,6 +37,7 @@ from bench_train import SeedCapsNet, seed_loss
 from capsnet import CapsNet
 from capsnet.augment import random_shift
 from capsnet.data import load_dataset
+from capsnet.errors import CapsNetError
 from capsnet.train import TrainConfig, train
 
 
@@ -86,6 +87,15 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--dataset", default="mnist-sample", help="data set name or MNIST-format folder")
     args = p.parse_args()
+    if args.repeats < 1 or args.batch_size < 1:
+        p.error("--repeats and --batch-size must be >= 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: CUDA is not available")
+    try:
+        load_dataset(args.dataset)  # a wrong name or folder fails here, in one line, before any timing
+    except CapsNetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_routing import _status_kib, reset_peak_rss, seed_squash, sync
 
 from capsnet import CapsNet
+from capsnet.train import make_adam
 
 
 # --- the seed formulation of the model ---------------------------------------------------------------
@@ -86,7 +87,7 @@ def build(batch: int, device: torch.device, channels_last: bool):
     images = torch.rand(batch, 1, 28, 28, device=device)
     labels = torch.randint(0, 10, (batch,), device=device)
     return {
-        "capsnet": (model, torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)),  # as capsnet train does
+        "capsnet": (model, make_adam(list(model.parameters()), lr=1e-3, device=device)),  # as capsnet train does
         "seed": (seed, torch.optim.Adam(seed.parameters(), lr=1e-3)),
     }, images, labels
 

@@ -1,6 +1,8 @@
 """Shared test settings: a small CapsNet so that training tests run in seconds on 2 cores."""
 
-from capsnet import CapsNetConfig
+import torch
+
+from capsnet import CapsNetConfig, Router, squash
 
 SMALL_MODEL = dict(conv_channels=16, primary_types=4, primary_dim=4, digit_dim=6, decoder_hidden=(32, 64))
 SMALL_FLAGS = [
@@ -11,3 +13,19 @@ SMALL_FLAGS = [
 
 def small_config(**overrides) -> CapsNetConfig:
     return CapsNetConfig(**{**SMALL_MODEL, **overrides})
+
+
+def check_bf16_autocast_routes_in_fp32() -> None:
+    """Router under bf16 autocast: fp32 output close to the fp32 result, bf16 grad for u, fp32 grad for W."""
+    torch.manual_seed(2)
+    router = Router(64, 10, 8, 16)
+    u = squash(torch.randn(4, 64, 8))
+    expected = router(u)
+    u_bf16 = u.to(torch.bfloat16).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        v = router(u_bf16)
+    assert v.dtype == torch.float32
+    assert (v - expected).abs().max().item() < 2e-2
+    v.sum().backward()
+    assert u_bf16.grad.dtype == torch.bfloat16 and torch.isfinite(u_bf16.grad).all()
+    assert router.weight.grad.dtype == torch.float32 and torch.isfinite(router.weight.grad).all()

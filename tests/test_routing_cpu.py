@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from helpers import check_bf16_autocast_routes_in_fp32
 from reference import procedure1
 
 from capsnet import Router, routing_cpu, squash
@@ -161,18 +162,7 @@ def test_router_uses_the_kernel_on_cpu(ext, monkeypatch):
 
 
 def test_bf16_autocast_routes_in_fp32(ext):
-    torch.manual_seed(2)
-    router = Router(64, 10, 8, 16)
-    u = squash(torch.randn(4, 64, 8))
-    expected = router(u)
-    u_bf16 = u.to(torch.bfloat16).requires_grad_()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        v = router(u_bf16)
-    assert v.dtype == torch.float32
-    assert (v - expected).abs().max().item() < 2e-2
-    v.sum().backward()
-    assert u_bf16.grad.dtype == torch.bfloat16 and torch.isfinite(u_bf16.grad).all()
-    assert router.weight.grad.dtype == torch.float32 and torch.isfinite(router.weight.grad).all()
+    check_bf16_autocast_routes_in_fp32()
 
 
 def test_fallback_without_the_extension():
