@@ -1,0 +1,66 @@
+"""The benchmark scripts that read checkpoints: their figures agree with the library's, and bad input is one line."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import small_config
+
+from capsnet import CapsNet
+from capsnet.data import load_dataset
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "routing_activity.py"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    model = CapsNet(config=small_config())
+    out = tmp_path_factory.mktemp("routing") / "model"
+    model.save_pretrained(out)
+    return out, model
+
+
+def test_routing_activity_accuracies_match_the_model(model_dir):
+    path, model = model_dir
+    r = _run("--checkpoint", str(path), "--limit", "40", "--iterations", "1,3")
+    assert r.returncode == 0, r.stderr
+    rows = {int(line.split()[0]): line.split() for line in r.stdout.splitlines() if line[:1].isdigit()}
+    assert set(rows) == {1, 3}
+    assert rows[1][2] == "0"  # r = 1 never differs from itself
+    split = load_dataset("mnist-sample").test
+    x, y = split.images[:40].float() / 255, split.labels[:40]
+    model.eval()
+    for r_ in (1, 3):
+        model.digits.iterations = r_
+        with torch.no_grad():
+            acc = (model(x).predictions == y).float().mean().item()
+        assert float(rows[r_][1]) == pytest.approx(acc, abs=1e-4)
+    assert "max_j c_ij" in r.stdout and "mean c_i,true class" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("--iterations", "0,3"), "--iterations"),
+        (("--iterations", "a"), "--iterations"),
+        (("--limit", "0"), "--limit"),
+    ],
+)
+def test_routing_activity_bad_flags_one_line(model_dir, args, needle):
+    r = _run("--checkpoint", str(model_dir[0]), *args)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr
+
+
+def test_routing_activity_missing_checkpoint_one_line(tmp_path):
+    r = _run("--checkpoint", str(tmp_path / "nowhere"))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in r.stderr
