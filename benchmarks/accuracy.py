@@ -1,10 +1,12 @@
 """Accuracy benchmark: train with the defaults on the bundled MNIST sample and report test accuracy per epoch.
 
-    python benchmarks/accuracy.py                  # 10 epochs, the targets of 98.5% after 3 and 99.0% after 10
-    python benchmarks/accuracy.py --epochs 3 --out runs/acc3
+    python benchmarks/accuracy.py                  # a 10-epoch run: the target of 99.0% after 10 epochs
+    python benchmarks/accuracy.py --epochs 3 --out runs/acc3    # a 3-epoch run: the target of 98.5%
 
-It prints one line per epoch and, at the end, each target with the measured figure and the ratio of the measured
-error to the error the target allows (<= 1 meets it). Exit status 1 if a target within the run is missed.
+It prints one line per epoch and, at the end, the run's target with the measured figure and the ratio of the
+measured error to the error the target allows (<= 1 meets it). Exit status 1 if it is missed. A target is for a
+run of that many epochs: the default decay stretches over `--epochs`, so epoch 3 of a 10-epoch run is not a
+3-epoch run.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 
 from capsnet.train import TrainConfig, train
 
-TARGETS = {3: 0.985, 10: 0.990}  # epoch -> test accuracy on the bundled 2,000 test digits
+TARGETS = {3: 0.985, 10: 0.990}  # run length in epochs -> test accuracy on the bundled 2,000 test digits
 
 
 def main() -> int:
@@ -36,7 +38,7 @@ def main() -> int:
     cfg = TrainConfig(epochs=args.epochs, out=out, device=args.device, precision=args.precision, seed=args.seed,
                       progress=False, tensorboard=False)  # fmt: skip
     print(f"# bundled mnist-sample (6,000 train / 2,000 test), defaults: batch {cfg.batch_size}, lr {cfg.lr}, "
-          f"decay {cfg.lr_decay}/epoch, shift {cfg.shift}px, precision {cfg.precision}; "
+          f"decay {cfg.decay_per_epoch:.3g}/epoch, shift {cfg.shift}px, precision {cfg.precision}; "
           f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     t0 = time.time()
     result = train(cfg)
@@ -48,7 +50,7 @@ def main() -> int:
               f"{row['train_acc']:.4f}   {row['images_per_s']:7.1f}")  # fmt: skip
     ok = True
     for epoch, target in TARGETS.items():
-        if epoch > len(result.history):
+        if epoch != args.epochs or epoch > len(result.history):
             continue
         acc = result.history[epoch - 1]["test_acc"]
         ratio = (1 - acc) / (1 - target)

@@ -13,6 +13,7 @@ from helpers import SMALL_FLAGS, small_config
 from capsnet import CapsNet
 from capsnet.checkpoint import COLUMNS, load_state, read_summary
 from capsnet.cli import main
+from capsnet.errors import ConfigError
 from capsnet.train import TrainConfig, make_adam, train
 
 TINY = dict(train_subset=96, test_subset=64, batch_size=32, epochs=2, progress=False)
@@ -35,7 +36,8 @@ def test_two_epoch_run_writes_every_output(tmp_path):
     for row in rows:
         assert set(row) == set(COLUMNS)
         assert 0 <= row["test_acc"] <= 1 and row["images_per_s"] > 0 and row["train_loss"] > 0
-    assert rows[1]["lr"] == pytest.approx(rows[0]["lr"] * cfg.lr_decay)
+    assert rows[1]["lr"] == pytest.approx(rows[0]["lr"] * cfg.decay_per_epoch)
+    assert rows[-1]["lr"] == pytest.approx(cfg.lr * cfg.lr_end)  # the schedule ends at lr × lr_end
     for sub in ("best", "last"):
         model = CapsNet.from_pretrained(run / sub)
         assert model.config.conv_channels == 16
@@ -80,10 +82,26 @@ def test_resumed_run_equals_uninterrupted(tmp_path):
 
 
 def test_resume_extends_a_finished_run(tmp_path):
-    _run(tmp_path, "run", train={"epochs": 1})
-    _, result = _run(tmp_path, "run", train={"epochs": 2, "resume": True})
-    assert [r["epoch"] for r in read_summary(tmp_path / "run")] == [1, 2]
-    assert result.epochs_done == 2
+    cfg, _ = _run(tmp_path, "run", train={"epochs": 2})  # decay 0.25 per epoch: lr_end over 2 epochs
+    _, result = _run(tmp_path, "run", train={"epochs": 3, "resume": True})
+    rows = read_summary(tmp_path / "run")
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert result.epochs_done == 3
+    # the schedule follows the flags of the resumed run: 3 epochs decay by 0.5, so epoch 3 runs at lr × 0.5²
+    assert [r["lr"] for r in rows] == pytest.approx([cfg.lr, cfg.lr * 0.25, cfg.lr * 0.25])
+    _run(tmp_path, "run", train={"epochs": 4, "resume": True, "lr_decay": 0.8})
+    assert read_summary(tmp_path / "run")[3]["lr"] == pytest.approx(cfg.lr * 0.8**3)
+
+
+def test_decay_per_epoch_stretches_with_the_run():
+    assert TrainConfig(epochs=3).decay_per_epoch == pytest.approx(0.5)  # the sample's tuned 3-epoch schedule
+    ten = TrainConfig(epochs=10)
+    assert ten.decay_per_epoch ** 9 == pytest.approx(ten.lr_end)  # the 10th epoch runs at lr × lr_end
+    assert TrainConfig(epochs=1).decay_per_epoch == 1.0
+    assert TrainConfig(epochs=10, lr_decay=0.9).decay_per_epoch == 0.9
+    for bad in ({"lr_end": 0.0}, {"lr_end": 1.5}, {"lr_decay": 0.0}, {"lr_decay": 1.2}):
+        with pytest.raises(ConfigError):
+            TrainConfig(**bad)
 
 
 def test_kill_during_checkpoint_write_leaves_previous_checkpoint(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
 """`capsnet train`: the paper's MNIST recipe (§4), resumable, kill-safe, and scalable with torchrun.
 
-Recipe (defaults): Adam, lr 1e-3 with exponential decay per epoch; random shifts of up to 2 px (§5); margin loss
-(Eq. 4) + 0.0005 × the summed squared reconstruction error, the decoder masked by the true label (§4.1).
+Recipe (defaults): Adam, lr 1e-3 with exponential decay per epoch, stretched over the run so that the last epoch
+trains at lr × lr_end; random shifts of up to 2 px (§5); margin loss (Eq. 4) + 0.0005 × the summed squared
+reconstruction error, the decoder masked by the true label (§4.1).
 
 What is trained on comes from a :class:`capsnet.tasks.Task` (the MNIST recipe by default; MultiMNIST and
 expanded MNIST in :mod:`capsnet.reproduce`); `model` chooses CapsNet or the paper's baseline CNN.
@@ -43,7 +44,13 @@ class TrainConfig:
     epochs: int = field(default=10, metadata={"help": "number of epochs"})
     batch_size: int = field(default=16, metadata={"help": "images per step, per process"})
     lr: float = field(default=1e-3, metadata={"help": "Adam learning rate"})
-    lr_decay: float = field(default=0.5, metadata={"help": "learning rate factor applied after every epoch"})
+    lr_decay: float | None = field(
+        default=None,
+        metadata={"help": "learning rate factor applied after every epoch; if unset, lr_end^(1/(epochs-1))"},
+    )
+    lr_end: float = field(
+        default=0.25, metadata={"help": "without --lr-decay, the last epoch trains at lr x lr_end (3 epochs: x0.5)"}
+    )
     eval_batch_size: int = field(default=250, metadata={"help": "images per evaluation batch"})
     seed: int = field(default=0, metadata={"help": "seed for initialisation, shuffling and augmentation"})
     device: str = field(default="auto", metadata={"help": "auto, cpu, cuda or cuda:K"})
@@ -67,8 +74,16 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.shift < 0:
             raise ConfigError(f"shift must be >= 0, got {self.shift}")
-        if not (self.lr > 0 and 0 < self.lr_decay <= 1):
-            raise ConfigError("need lr > 0 and 0 < lr_decay <= 1")
+        if not (self.lr > 0 and 0 < self.lr_end <= 1 and (self.lr_decay is None or 0 < self.lr_decay <= 1)):
+            raise ConfigError("need lr > 0, 0 < lr_decay <= 1 and 0 < lr_end <= 1")
+
+    @property
+    def decay_per_epoch(self) -> float:
+        """The exponential decay's factor per epoch: `lr_decay` if given, else the factor that brings the last
+        epoch's learning rate to lr × lr_end, so the schedule stretches with `epochs` (1 epoch: no decay)."""
+        if self.lr_decay is not None:
+            return self.lr_decay
+        return self.lr_end ** (1.0 / (self.epochs - 1)) if self.epochs > 1 else 1.0
 
 
 @dataclass
@@ -178,7 +193,7 @@ def _train(config, model_config, device, dist, on_step, task) -> TrainResult:
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = make_adam(list(model.parameters()), lr=config.lr, device=device)
-    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=config.lr_decay)
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=config.decay_per_epoch)
     augment_rng = torch.Generator(device=device).manual_seed(config.seed * 1009 + dist.rank)
     epoch, batch_in_epoch, step, best_acc = 0, 0, 0, -1.0
     history: list[dict[str, float]] = []
@@ -187,6 +202,10 @@ def _train(config, model_config, device, dist, on_step, task) -> TrainResult:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        if scheduler.gamma != config.decay_per_epoch:  # resumed with other --epochs/--lr-decay/--lr-end:
+            scheduler.gamma = config.decay_per_epoch  # epoch e runs at lr × decay^e under the new flags
+            for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
+                group["lr"] = base_lr * scheduler.gamma ** state["epoch"]
         epoch, batch_in_epoch, step = state["epoch"], state["batch_in_epoch"], state["step"]
         best_acc, history, running = state["best_test_acc"], list(state["history"]), list(state["running"])
         torch.set_rng_state(state["rng"]["torch"].cpu())
