@@ -94,8 +94,7 @@ def main() -> int:
     u_norm, uhat_norm, c_max, c_true, b_max = [], [], [], [], []
     for x, y in batches:
         u = model.primary(torch.relu(model.conv1(x)))  # u_i  [B, in, in_d]
-        out = model(x, return_coupling=True)
-        c = out.coupling  # c_ij after the last iteration  [B, in, out]
+        _, c = router(u, return_coupling=True)  # c_ij after the last iteration  [B, in, out]
         u_hat = route_votes(router.weight, u)  # Eq. 2: û_j|i = W_ij u_i  [B, in, out, out_d]
         u_norm.append(u.norm(dim=-1))
         uhat_norm.append(u_hat.norm(dim=-1))
