@@ -94,6 +94,7 @@ class TrainResult:
     history: list[dict[str, float]]
     interrupted: bool = False
     signal: int | None = None  # the signal that stopped the run, if one did
+    is_main: bool = True  # rank 0 (or a single process): the one that reports
 
 
 # Model options that come from the data set rather than from flags.
@@ -304,7 +305,7 @@ def _train(config, model_config, device, dist, on_step, task) -> TrainResult:
             epoch, batch_in_epoch, running = epoch + 1, 0, [0.0, 0.0, 0.0, 0.0]
     log.finish(interrupted, stop.signum, epoch, batch_in_epoch)
     dist_utils.barrier(dist)
-    return TrainResult(run_dir, epoch, best_acc, history, interrupted, stop.signum)
+    return TrainResult(run_dir, epoch, best_acc, history, interrupted, stop.signum, dist.is_main)
 
 
 class _Logger:
@@ -385,6 +386,7 @@ def run(args: argparse.Namespace) -> int:
     result = train(config, model_config if config.model == "capsnet" else None)
     if result.interrupted:
         return 128 + result.signal if result.signal else 130
-    print(f"done: best test accuracy {result.best_test_acc:.4f}; outputs in {result.run_dir}/ "
-          f"(best/, last/, summary.csv, config.json)")  # fmt: skip
+    if result.is_main:
+        print(f"done: best test accuracy {result.best_test_acc:.4f}; outputs in {result.run_dir}/ "
+              f"(best/, last/, summary.csv, config.json)")  # fmt: skip
     return 0
