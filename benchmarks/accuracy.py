@@ -37,7 +37,8 @@ def main() -> int:
     out = args.out or tempfile.mkdtemp(prefix="capsnet-acc-")
     cfg = TrainConfig(epochs=args.epochs, out=out, device=args.device, precision=args.precision, seed=args.seed,
                       progress=False, tensorboard=False)  # fmt: skip
-    print(f"# bundled mnist-sample (6,000 train / 2,000 test), defaults: batch {cfg.batch_size}, lr {cfg.lr}, "
+    print(f"# bundled mnist-sample (6,000 train / 2,000 test), defaults: batch {cfg.batch_size}, "
+          f"lr {cfg.learning_rate}, "
           f"decay {cfg.decay_per_epoch:.3g}/epoch, shift {cfg.shift}px, precision {cfg.precision}; "
           f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     t0 = time.time()

@@ -62,6 +62,7 @@ def test_evaluate_and_train_with_the_baseline(tmp_path):
                       epochs=1, progress=False, tensorboard=False)  # fmt: skip
     result = train(cfg, BaselineConfig(**TINY))
     assert result.epochs_done == 1
+    assert result.history[0]["lr"] == BaselineCNN.default_lr  # no --lr: the baseline's own default
     assert isinstance(load_pretrained(tmp_path / "run" / "last"), BaselineCNN)
     with pytest.raises(ConfigError, match="BaselineConfig"):
         from helpers import small_config

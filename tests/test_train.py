@@ -11,6 +11,7 @@ import torch
 from helpers import SMALL_FLAGS, small_config
 
 from capsnet import CapsNet
+from capsnet.baseline import BaselineCNN
 from capsnet.checkpoint import COLUMNS, load_state, read_summary
 from capsnet.cli import main
 from capsnet.errors import ConfigError
@@ -37,7 +38,7 @@ def test_two_epoch_run_writes_every_output(tmp_path):
         assert set(row) == set(COLUMNS)
         assert 0 <= row["test_acc"] <= 1 and row["images_per_s"] > 0 and row["train_loss"] > 0
     assert rows[1]["lr"] == pytest.approx(rows[0]["lr"] * cfg.decay_per_epoch)
-    assert rows[-1]["lr"] == pytest.approx(cfg.lr * cfg.lr_end)  # the schedule ends at lr × lr_end
+    assert rows[-1]["lr"] == pytest.approx(cfg.learning_rate * cfg.lr_end)  # the schedule ends at lr × lr_end
     for sub in ("best", "last"):
         model = CapsNet.from_pretrained(run / sub)
         assert model.config.conv_channels == 16
@@ -88,9 +89,10 @@ def test_resume_extends_a_finished_run(tmp_path):
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert result.epochs_done == 3
     # the schedule follows the flags of the resumed run: 3 epochs decay by 0.5, so epoch 3 runs at lr × 0.5²
-    assert [r["lr"] for r in rows] == pytest.approx([cfg.lr, cfg.lr * 0.25, cfg.lr * 0.25])
+    lr = cfg.learning_rate
+    assert [r["lr"] for r in rows] == pytest.approx([lr, lr * 0.25, lr * 0.25])
     _run(tmp_path, "run", train={"epochs": 4, "resume": True, "lr_decay": 0.8})
-    assert read_summary(tmp_path / "run")[3]["lr"] == pytest.approx(cfg.lr * 0.8**3)
+    assert read_summary(tmp_path / "run")[3]["lr"] == pytest.approx(lr * 0.8**3)
 
 
 def test_decay_per_epoch_stretches_with_the_run():
@@ -99,9 +101,15 @@ def test_decay_per_epoch_stretches_with_the_run():
     assert ten.decay_per_epoch ** 9 == pytest.approx(ten.lr_end)  # the 10th epoch runs at lr × lr_end
     assert TrainConfig(epochs=1).decay_per_epoch == 1.0
     assert TrainConfig(epochs=10, lr_decay=0.9).decay_per_epoch == 0.9
-    for bad in ({"lr_end": 0.0}, {"lr_end": 1.5}, {"lr_decay": 0.0}, {"lr_decay": 1.2}):
+    for bad in ({"lr_end": 0.0}, {"lr_end": 1.5}, {"lr_decay": 0.0}, {"lr_decay": 1.2}, {"lr": 0.0}):
         with pytest.raises(ConfigError):
             TrainConfig(**bad)
+
+
+def test_learning_rate_is_the_models_unless_given():
+    assert TrainConfig().learning_rate == CapsNet.default_lr == 1e-3
+    assert TrainConfig(model="baseline").learning_rate == BaselineCNN.default_lr == 1e-4
+    assert TrainConfig(model="baseline", lr=3e-4).learning_rate == 3e-4
 
 
 def test_kill_during_checkpoint_write_leaves_previous_checkpoint(tmp_path, monkeypatch):

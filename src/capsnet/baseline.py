@@ -86,6 +86,10 @@ class BaselineCNN(Pretrained, nn.Module):
 
     config_class = BaselineConfig
     model_type = "baseline-cnn"
+    # `capsnet train`'s Adam learning rate unless --lr is given. At 1e-3 and batch 16 the 32.9M-weight first
+    # fully connected layer dies in the first steps (the bundled sample stayed at chance for two epochs); at 1e-4
+    # it trains (docs/benchmarks.md).
+    default_lr = 1e-4
 
     def __init__(self, *, config: BaselineConfig | None = None, **options):
         super().__init__()

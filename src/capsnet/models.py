@@ -115,6 +115,7 @@ class CapsNet(Pretrained, nn.Module):
 
     config_class = CapsNetConfig
     model_type = "capsnet"
+    default_lr = 1e-3  # `capsnet train`'s Adam learning rate unless --lr is given (TensorFlow's Adam default)
 
     def __init__(self, *, config: CapsNetConfig | None = None, **options):
         super().__init__()

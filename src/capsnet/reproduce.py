@@ -54,6 +54,7 @@ class Setting:
     dataset: str = "mnist"
     epochs: int = FULL_EPOCHS
     batch_size: int = 128
+    lr: float = 1e-3  # both models (the baseline trains at batch 128 and 32 with it; docs/results.md used it)
     train_subset: int | None = None
     test_subset: int | None = None
     pairs_per_digit: int = 1000  # MultiMNIST (§6)
@@ -131,7 +132,7 @@ def run_experiment(
     for model in ("capsnet", "baseline"):
         config = TrainConfig(
             dataset=setting.dataset, train_subset=setting.train_subset, test_subset=setting.test_subset,
-            epochs=setting.epochs, batch_size=setting.batch_size, seed=seed, device=device,
+            epochs=setting.epochs, batch_size=setting.batch_size, lr=setting.lr, seed=seed, device=device,
             out=str(root / model), resume=resume, progress=progress, model=model,
         )  # fmt: skip
         model_config = CapsNetConfig(**setting.capsnet) if model == "capsnet" else BaselineConfig(**setting.baseline)

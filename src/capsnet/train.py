@@ -43,7 +43,9 @@ class TrainConfig:
     shift: int = field(default=2, metadata={"help": "random translation of up to N pixels (paper: 2)"})
     epochs: int = field(default=10, metadata={"help": "number of epochs"})
     batch_size: int = field(default=16, metadata={"help": "images per step, per process"})
-    lr: float = field(default=1e-3, metadata={"help": "Adam learning rate"})
+    lr: float | None = field(
+        default=None, metadata={"help": "Adam learning rate; if unset, the model's (CapsNet 1e-3, baseline CNN 1e-4)"}
+    )
     lr_decay: float | None = field(
         default=None,
         metadata={"help": "learning rate factor applied after every epoch; if unset, lr_end^(1/(epochs-1))"},
@@ -74,8 +76,14 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.shift < 0:
             raise ConfigError(f"shift must be >= 0, got {self.shift}")
-        if not (self.lr > 0 and 0 < self.lr_end <= 1 and (self.lr_decay is None or 0 < self.lr_decay <= 1)):
+        lr_ok = self.lr is None or self.lr > 0
+        if not (lr_ok and 0 < self.lr_end <= 1 and (self.lr_decay is None or 0 < self.lr_decay <= 1)):
             raise ConfigError("need lr > 0, 0 < lr_decay <= 1 and 0 < lr_end <= 1")
+
+    @property
+    def learning_rate(self) -> float:
+        """The Adam learning rate: `lr` if given, else the model's own default (`default_lr` of its class)."""
+        return self.lr if self.lr is not None else MODELS[self.model].default_lr
 
     @property
     def decay_per_epoch(self) -> float:
@@ -193,7 +201,7 @@ def _train(config, model_config, device, dist, on_step, task) -> TrainResult:
     model = model_class(config=model_config).to(device)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = make_adam(list(model.parameters()), lr=config.lr, device=device)
+    optimizer = make_adam(list(model.parameters()), lr=config.learning_rate, device=device)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=config.decay_per_epoch)
     augment_rng = torch.Generator(device=device).manual_seed(config.seed * 1009 + dist.rank)
     epoch, batch_in_epoch, step, best_acc = 0, 0, 0, -1.0
