@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from capsnet.train import TrainConfig, train
+from capsnet.training.loop import TrainConfig, train
 
 TARGETS = {3: 0.985, 10: 0.990}  # run length in epochs -> test accuracy on the bundled 2,000 test digits
 

@@ -10,7 +10,7 @@ seed, capsnet, seed, capsnet, ... so drift on a shared machine hits both alike.
 - seed: the seed article's model (benchmarks/bench_train.py's SeedCapsNet: einsum votes, softmax over the output
   capsules, r = 3) in a plain loop: shuffle, index a batch, the same ±2 px random shift, forward, margin +
   reconstruction loss, backward, Adam. Always fp32 (it is the reference). images/s = images / loop seconds.
-- capsnet: `capsnet.train.train` with the defaults except the batch size and `--precision` (no progress bar, no
+- capsnet: `capsnet.training.train` with the defaults except the batch size and `--precision` (no progress bar, no
   TensorBoard), for one epoch; images/s is the figure it writes to summary.csv (training steps only, the test
   pass after the epoch excluded — as for the seed loop).
 
@@ -35,10 +35,10 @@ from bench_routing import sync
 from bench_train import SeedCapsNet, seed_loss
 
 from capsnet import CapsNet
-from capsnet.augment import random_shift
 from capsnet.data import load_dataset
+from capsnet.data.augment import random_shift
 from capsnet.errors import CapsNetError
-from capsnet.train import TrainConfig, train
+from capsnet.training.loop import TrainConfig, train
 
 
 def seed_epoch(batch_size: int, device: torch.device, seed: int, dataset: str) -> float:

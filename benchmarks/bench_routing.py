@@ -3,8 +3,9 @@
     python benchmarks/bench_routing.py [--device cpu|cuda] [--batch-sizes 32,64,128] [--repeats 7]
                                        [--impl router|torch-fast|both]
 
-`--impl router` (default) times capsnet.Router as dispatched (on CPU the fused C++ kernel of capsnet.routing_cpu,
-when it builds); `torch-fast` times capsnet.routing.fast_dynamic_routing (PyTorch ops); `both` times both.
+`--impl router` (default) times capsnet.Router as dispatched (on CPU the fused C++ kernel of
+capsnet.routing.dynamic_cpu, when it builds); `torch-fast` times capsnet.routing.fast_dynamic_routing
+(PyTorch ops); `both` times both.
 
 Both variants run interleaved in one process (the machine may be shared) and the medians are compared.
 Peak memory: on CUDA torch.cuda.max_memory_allocated; on CPU the growth of the peak resident set size

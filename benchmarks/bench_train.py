@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_routing import _status_kib, reset_peak_rss, seed_squash, sync
 
 from capsnet import CapsNet
-from capsnet.train import make_adam
+from capsnet.training.loop import make_adam
 
 
 # --- the seed formulation of the model ---------------------------------------------------------------

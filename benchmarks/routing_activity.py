@@ -26,11 +26,11 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from capsnet.checkpoint import resolve_checkpoint
 from capsnet.data import load_dataset
 from capsnet.errors import CapsNetError
-from capsnet.layers import route_votes
-from capsnet.persist import load_pretrained
+from capsnet.models.pretrained import load_pretrained
+from capsnet.routing.dynamic import route_votes
+from capsnet.training.checkpoint import resolve_checkpoint
 
 QUANTILES = (0.1, 0.5, 0.9)
 

@@ -4,15 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-from capsnet.affnist import (
+from capsnet.data import Split, load_dataset
+from capsnet.errors import DatasetError
+from capsnet.experiments.affnist import (
     ExpandedMNISTTask,
     affine_test_set,
     expanded_test_set,
     load_affnist,
     random_placement,
 )
-from capsnet.data import Split, load_dataset
-from capsnet.errors import DatasetError
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,11 @@ import pytest
 import torch
 
 from capsnet import load_pretrained
-from capsnet.baseline import BaselineCNN, BaselineConfig, count_parameters
 from capsnet.data import load_dataset
 from capsnet.errors import ConfigError
-from capsnet.evaluate import evaluate
-from capsnet.train import TrainConfig, train
+from capsnet.models.baseline import BaselineCNN, BaselineConfig, count_parameters
+from capsnet.training.evaluate import evaluate
+from capsnet.training.loop import TrainConfig, train
 
 TINY = dict(channels=(8, 8, 4), hidden=(32, 16))
 

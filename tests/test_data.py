@@ -241,7 +241,7 @@ def test_batch_arg_errors():
 @pytest.fixture
 def run_cli(monkeypatch):
     # Only the data subcommand: other subcommands' modules may not exist yet in a partial tree.
-    monkeypatch.setattr(cli, "COMMANDS", [("data", "capsnet.data_cli")])
+    monkeypatch.setattr(cli, "COMMANDS", [("data", "capsnet.cli.data")])
     return cli.main
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 from helpers import SMALL_FLAGS
 
 from capsnet import load_pretrained
-from capsnet.checkpoint import read_summary
 from capsnet.data import Split, load_dataset
-from capsnet.evaluate import evaluate
+from capsnet.training.checkpoint import read_summary
+from capsnet.training.evaluate import evaluate
 
 
 def test_torchrun_two_cpu_processes(tmp_path):

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from capsnet import download as dl
 from capsnet.data import DATASETS, load_dataset
+from capsnet.data import download as dl
 from capsnet.errors import DatasetError
 
 

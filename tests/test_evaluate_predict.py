@@ -8,9 +8,9 @@ from helpers import small_config
 from capsnet import CapsNet
 from capsnet.cli import main
 from capsnet.data import load_dataset
-from capsnet.evaluate import evaluate, evaluate_checkpoint
-from capsnet.predict import load_image
-from capsnet.train import TrainConfig, train
+from capsnet.data.images import load_image
+from capsnet.training.evaluate import evaluate, evaluate_checkpoint
+from capsnet.training.loop import TrainConfig, train
 
 
 @pytest.fixture(scope="module")

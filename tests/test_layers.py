@@ -3,7 +3,7 @@ import torch
 from reference import procedure1
 
 from capsnet import PrimaryCapsules, Router, Squash, squash
-from capsnet.layers import default_weight_std
+from capsnet.routing.dynamic import default_weight_std
 
 
 # --- squash (Eq. 1) ---------------------------------------------------------------------------------

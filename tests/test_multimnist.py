@@ -4,8 +4,7 @@ from helpers import small_config
 
 from capsnet import CapsNet, MarginLoss
 from capsnet.data import Split, load_dataset
-from capsnet.losses import reconstruction_loss
-from capsnet.multimnist import (
+from capsnet.experiments.multimnist import (
     MultiMNISTTask,
     PairForward,
     PairSampler,
@@ -15,7 +14,8 @@ from capsnet.multimnist import (
     render_pairs,
     two_longest_correct,
 )
-from capsnet.tasks import Batch
+from capsnet.nn.losses import reconstruction_loss
+from capsnet.training.tasks import Batch
 
 CPU = torch.device("cpu")
 
@@ -130,7 +130,7 @@ def test_fixed_test_set_and_evaluation(sample):
     a = MultiMNISTTask(train=train, test=test, test_pairs_per_digit=2, seed=5)
     b = MultiMNISTTask(train=train, test=test, test_pairs_per_digit=2, seed=5)
     assert all(torch.equal(x, y) for x, y in zip(a.test_pairs, b.test_pairs)) and len(a.test_pairs[0]) == 100
-    from capsnet.distributed import DistInfo
+    from capsnet.training.distributed import DistInfo
 
     model = CapsNet(config=small_config(image_size=36))
     r = a.evaluate(model, batch_size=40, device=CPU, dist=DistInfo())

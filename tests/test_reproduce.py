@@ -5,7 +5,7 @@ from helpers import SMALL_MODEL
 
 from capsnet.cli import main
 from capsnet.errors import ConfigError
-from capsnet.reproduce import PAPER, Setting, format_table, run_experiment, setting_for
+from capsnet.experiments.reproduce import PAPER, Setting, format_table, run_experiment, setting_for
 
 TINY_BASELINE = dict(channels=(8, 8, 4), hidden=(32, 16))
 

@@ -1,4 +1,4 @@
-"""The fused CPU kernel (capsnet.routing_cpu) against the literal Procedure 1 and the plain autograd path.
+"""The fused CPU kernel (capsnet.routing.dynamic_cpu) against the literal Procedure 1 and the plain autograd path.
 
 The extension must build here (CI installs ninja and has a C++ compiler): a build failure fails these tests.
 """
@@ -12,8 +12,9 @@ import torch
 from helpers import check_bf16_autocast_routes_in_fp32
 from reference import procedure1
 
-from capsnet import Router, routing_cpu, squash
-from capsnet.layers import dynamic_routing, route_votes
+from capsnet import Router, squash
+from capsnet.routing import dynamic_cpu as routing_cpu
+from capsnet.routing.dynamic import dynamic_routing, route_votes
 
 
 @pytest.fixture(scope="module")
@@ -169,8 +170,9 @@ def test_fallback_without_the_extension():
     code = (
         "import torch, warnings\n"
         "warnings.simplefilter('error')\n"
-        "from capsnet import Router, routing_cpu, squash\n"
-        "from capsnet.routing import FastRouting\n"
+        "from capsnet import Router, squash\n"
+        "from capsnet.routing import dynamic_cpu as routing_cpu\n"
+        "from capsnet.routing.dynamic_fast import FastRouting\n"
         "assert not routing_cpu.available()\n"
         "calls = []\n"
         "orig = FastRouting.apply\n"

@@ -6,8 +6,8 @@ from helpers import check_bf16_autocast_routes_in_fp32
 from reference import procedure1
 
 from capsnet import Router, squash
-from capsnet.layers import dynamic_routing, route_votes
-from capsnet.routing import default_chunk, fast_dynamic_routing
+from capsnet.routing.dynamic import dynamic_routing, route_votes
+from capsnet.routing.dynamic_fast import default_chunk, fast_dynamic_routing
 
 
 @pytest.fixture(autouse=True)

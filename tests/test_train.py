@@ -11,11 +11,11 @@ import torch
 from helpers import SMALL_FLAGS, small_config
 
 from capsnet import CapsNet
-from capsnet.baseline import BaselineCNN
-from capsnet.checkpoint import COLUMNS, load_state, read_summary
 from capsnet.cli import main
 from capsnet.errors import ConfigError
-from capsnet.train import TrainConfig, make_adam, train
+from capsnet.models.baseline import BaselineCNN
+from capsnet.training.checkpoint import COLUMNS, load_state, read_summary
+from capsnet.training.loop import TrainConfig, make_adam, train
 
 TINY = dict(train_subset=96, test_subset=64, batch_size=32, epochs=2, progress=False)
 

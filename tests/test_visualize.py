@@ -11,7 +11,7 @@ from capsnet import CapsNet
 from capsnet.cli import main
 from capsnet.data import load_dataset
 from capsnet.errors import CapsNetError, CheckpointError
-from capsnet.visualize import (
+from capsnet.viz.figures import (
     PERTURBATION_OFFSETS,
     distinct_classes,
     load_capsnet,

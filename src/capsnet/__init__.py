@@ -3,10 +3,13 @@
 __version__ = "0.1.0"
 
 from .errors import CapsNetError, CheckpointError, ConfigError, DatasetError
-from .layers import PrimaryCapsules, Router, RoutingResult, Squash, dynamic_routing, squash
-from .losses import MarginLoss, capsule_lengths, reconstruction_loss
-from .models import CapsNet, CapsNetConfig, CapsNetOutput, CapsuleDecoder
-from .persist import load_pretrained
+from .models.capsnet import CapsNet, CapsNetConfig, CapsNetOutput
+from .models.pretrained import load_pretrained
+from .nn.decoder import CapsuleDecoder
+from .nn.losses import MarginLoss, capsule_lengths, reconstruction_loss
+from .nn.primary import PrimaryCapsules
+from .nn.squash import Squash, squash
+from .routing.dynamic import Router, RoutingResult, dynamic_routing
 
 __all__ = [
     "CapsNet",

@@ -1,0 +1,119 @@
+"""`capsnet data info|check`: describe a data set, or verify its files."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from ..data.datasets import BUNDLED, load_dataset, resolve
+from ..data.download import DATASETS, FILE_NAMES, cache_root, known_md5s, md5_file
+from ..data.idx import find_files, read_idx
+from ..data.split import Split
+from ..errors import DatasetError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    known = ", ".join([BUNDLED, *DATASETS])
+    parser = subparsers.add_parser("data", help="inspect and verify data sets", description=__doc__)
+    sub = parser.add_subparsers(dest="data_command", metavar="ACTION")
+    sub.required = True
+
+    info = sub.add_parser("info", help="image counts, sizes and class histograms per split")
+    info.add_argument("name_or_dir", metavar="NAME_OR_DIR", help=f"a folder of IDX files or one of: {known}")
+    info.add_argument("--data-dir", help="folder holding the IDX files (overrides NAME_OR_DIR's location)")
+    info.add_argument("--no-download", dest="download", action="store_false", help="never download")
+    info.set_defaults(func=cmd_info)
+
+    check = sub.add_parser("check", help="verify each file: IDX structure, counts and known MD5s")
+    check.add_argument("name_or_dir", metavar="NAME_OR_DIR", help=f"a folder of IDX files or one of: {known}")
+    check.add_argument("--data-dir", help="folder holding the IDX files (overrides NAME_OR_DIR's location)")
+    check.set_defaults(func=cmd_check)
+
+
+def _histogram_table(rows: list[tuple[str, Split]], n_classes: int) -> str:
+    header = ["split", "images", "size", *map(str, range(n_classes))]
+    table = [header]
+    for name, split in rows:
+        counts = np.bincount(split.labels.numpy(), minlength=n_classes)
+        size = "×".join(map(str, split.images.shape[1:]))
+        table.append([name, str(len(split)), size, *map(str, counts)])
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines = []
+    for row in table:
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    ds = load_dataset(args.name_or_dir, data_dir=args.data_dir, download=args.download)
+    print(f"{ds.name}  ({ds.source}, {ds.n_classes} classes; columns 0..{ds.n_classes - 1}: images per class)")
+    rows = [(n, s) for n, s in (("train", ds.train), ("test", ds.test)) if s is not None]
+    print(_histogram_table(rows, ds.n_classes))
+    if ds.train is None:
+        print("(test-only folder: no train split)")
+    return 0
+
+
+def _check_file(path: Path, expected_md5: dict[str, str], strict: bool) -> tuple[bool, str, int | None]:
+    """(ok, message, number of items) for one file."""
+    try:
+        arr = read_idx(path)
+    except DatasetError as e:
+        return False, str(e).removeprefix(f"{path}: "), None
+    shape = "×".join(map(str, arr.shape))
+    msg = f"{shape} {arr.dtype.name}"
+    ok = True
+    if path.suffix == ".gz":
+        digest = md5_file(path)
+        if digest in expected_md5:
+            msg += f", md5 {digest} = {expected_md5[digest]}"
+        elif strict:
+            ok = False
+            msg += f", md5 {digest} is not the known one ({', '.join(expected_md5) or 'none known'})"
+        else:
+            msg += f", md5 {digest} (not a known file)"
+    else:
+        msg += ", md5 not checked (uncompressed; known checksums are of the .gz files)"
+    return ok, msg, int(arr.shape[0])
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    name, folder, source = resolve(args.name_or_dir, data_dir=args.data_dir)
+    if folder is None:
+        raise DatasetError(
+            f"{name} is not downloaded; expected it in {cache_root() / name} "
+            f"(run something that loads it, or pass --data-dir)"
+        )
+    files = find_files(folder)
+    if not files:
+        raise DatasetError(f"{folder}: none of {', '.join(FILE_NAMES)} (optionally .gz) is here")
+    # Known sets must match their published checksums; other folders are only compared for info.
+    by_name = args.data_dir is None and not Path(args.name_or_dir).expanduser().is_dir()
+    strict = by_name and (name == BUNDLED or name in DATASETS)
+    print(f"{name}  ({source})")
+    all_ok, counts = True, {}
+    for base, path in files.items():
+        known = known_md5s(path.name)
+        if strict:
+            wanted = {BUNDLED} if name == BUNDLED else {name, f"{name} (Debian package)"}
+            known = {m: label for m, label in known.items() if label in wanted}
+        ok, msg, n = _check_file(path, known, strict)
+        counts[base] = n
+        all_ok &= ok
+        print(f"{'OK  ' if ok else 'FAIL'}  {path.name}  {msg}")
+    for split in ("train", "t10k"):
+        img, lab = f"{split}-images-idx3-ubyte", f"{split}-labels-idx1-ubyte"
+        if (img in files) != (lab in files):
+            all_ok = False
+            print(f"FAIL  {img if img not in files else lab}[.gz]  missing (its pair is present)")
+        elif counts.get(img) is not None and counts.get(lab) is not None and counts[img] != counts[lab]:
+            all_ok = False
+            print(f"FAIL  {split} split  {counts[img]} images but {counts[lab]} labels")
+    if "t10k-images-idx3-ubyte" not in files and "t10k-labels-idx1-ubyte" not in files:
+        all_ok = False
+        print("FAIL  t10k pair  missing: every data set needs a test split")
+    print("all files OK" if all_ok else "problems found")
+    return 0 if all_ok else 1

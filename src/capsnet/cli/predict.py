@@ -1,0 +1,29 @@
+"""`capsnet predict`: classify PNG or JPEG images of any size with a trained model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..models.pretrained import load_pretrained
+from ..training.checkpoint import resolve_checkpoint
+from ..training.evaluate import predict
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("predict", help="classify PNG or JPEG images with a trained model")
+    p.add_argument("--checkpoint", required=True, help="run folder (uses best/) or save_pretrained folder")
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="PNG or JPEG files, any size")
+    p.add_argument("--json", action="store_true", help="print one JSON object per image")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    model = load_pretrained(resolve_checkpoint(args.checkpoint))
+    for r in predict(model, args.images):
+        if args.json:
+            print(json.dumps(r))
+        else:
+            lengths = " ".join(f"{j}:{x:.3f}" for j, x in enumerate(r["lengths"]))
+            print(f"{r['image']}: class {r['class']}  (capsule lengths {lengths})")
+    return 0

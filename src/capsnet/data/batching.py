@@ -1,0 +1,72 @@
+"""Batching by tensor indexing: seeded per-epoch shuffles, rank shards for torchrun, uint8 -> float on the device."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from .split import Split
+
+
+def num_batches(n: int, *, batch_size: int, world_size: int = 1, drop_last: bool = False) -> int:
+    """How many batches `iterate_batches` yields on every rank for a split of `n` examples."""
+    per_rank = n // world_size if drop_last else -(-n // world_size)
+    return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    # SeedSequence mixes (seed, epoch) well, so neighbouring epochs get unrelated permutations.
+    return int(np.random.SeedSequence([seed & (2**63 - 1), epoch & (2**63 - 1)]).generate_state(1, np.uint64)[0])
+
+
+def _shard(n: int, *, shuffle: bool, seed: int, epoch: int, rank: int, world_size: int, drop_last: bool):
+    if shuffle:
+        g = torch.Generator().manual_seed(_epoch_seed(seed, epoch))
+        order = torch.randperm(n, generator=g)
+    else:
+        order = torch.arange(n)
+    if drop_last:
+        order = order[: (n // world_size) * world_size]
+    else:
+        total = -(-n // world_size) * world_size
+        if total > n:  # wrap around so every rank has the same number of examples
+            order = torch.cat([order] * (-(-total // n)))[:total]
+    return order[rank::world_size]
+
+
+def iterate_batches(
+    split: Split,
+    *,
+    batch_size: int,
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    drop_last: bool = False,
+    device: str | torch.device = "cpu",
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield (images float32 [B, C, H, W] in [0, 1], labels int64 [B]) on `device`.
+
+    The order is a permutation seeded by (seed, epoch): the same on every rank and every run, new
+    each epoch. Rank r takes every world_size-th example; the end wraps so all ranks yield
+    `num_batches(...)` batches (with drop_last, the remainder is dropped instead).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    opts = {"shuffle": shuffle, "seed": seed, "epoch": epoch, "drop_last": drop_last}
+    idx = _shard(len(split), rank=rank, world_size=world_size, **opts)
+    return _batches(split, idx, batch_size=batch_size, drop_last=drop_last, device=torch.device(device))
+
+
+def _batches(split: Split, idx: torch.Tensor, *, batch_size: int, drop_last: bool, device: torch.device):
+    stop = (len(idx) // batch_size) * batch_size if drop_last else len(idx)
+    for start in range(0, stop, batch_size):
+        take = idx[start : start + batch_size]
+        # Move uint8 (4× smaller than float) and convert on the device.
+        images = split.images[take].to(device, non_blocking=True).float().div_(255.0)
+        yield images, split.labels[take].to(device, non_blocking=True)

@@ -1,0 +1,86 @@
+"""Finding and loading data sets: a folder, the bundled sample, or a known set from the cache or its mirrors.
+
+A data set is a folder holding `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`,
+`t10k-images-idx3-ubyte` and `t10k-labels-idx1-ubyte` (each optionally gzipped). Sets are held in
+memory as uint8 tensors and converted to float on the training device, batch by batch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import DatasetError
+from .download import DATASETS, FILE_NAMES, cache_root, missing_files_message
+from .download import download as _download
+from .idx import find_files, load_idx_folder
+from .split import Dataset
+
+BUNDLED = "mnist-sample"
+_BUNDLED_DIR = Path(__file__).resolve().parent / "files" / BUNDLED
+
+# Loaded sets by folder, keyed with file sizes and mtimes so an edited folder is read afresh.
+_CACHE: dict[tuple, Dataset] = {}
+
+
+def _load_cached(folder: Path, *, name: str, source: str) -> Dataset:
+    stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in find_files(folder).values())
+    key = (str(folder.resolve()), name, source, stamp)
+    if key not in _CACHE:
+        _CACHE[key] = load_idx_folder(folder, name=name, source=source)
+    return _CACHE[key]
+
+
+def resolve(
+    name_or_dir: str, *, data_dir: str | None = None, cache_dir: str | None = None
+) -> tuple[str, Path | None, str]:
+    """Where a set lives, without loading or downloading it: (name, folder or None, source).
+
+    The folder is None for a known set that is in neither the cache nor a system folder; it would be
+    downloaded into `cache_root(cache_dir) / name`.
+    """
+    if data_dir is not None:
+        folder = Path(data_dir).expanduser()
+        if not folder.is_dir():
+            raise DatasetError(f"data dir {data_dir}: no such folder")
+        return (name_or_dir if name_or_dir in DATASETS else folder.name or str(folder)), folder, str(folder)
+    path = Path(name_or_dir).expanduser()
+    if path.is_dir():
+        return path.resolve().name, path, str(path)
+    if path.exists():
+        raise DatasetError(f"{name_or_dir}: is a file; give the folder that holds the IDX files")
+    if name_or_dir == BUNDLED:
+        return BUNDLED, _BUNDLED_DIR, "bundled"
+    if name_or_dir in DATASETS:
+        cached = cache_root(cache_dir) / name_or_dir
+        candidates = [cached, *(Path(d) for d in DATASETS[name_or_dir].get("system_dirs", []))]
+        for folder in candidates:
+            if len(find_files(folder)) == len(FILE_NAMES):
+                return name_or_dir, folder, str(folder)
+        return name_or_dir, None, str(cached)
+    known = ", ".join([BUNDLED, *DATASETS])
+    if os.sep in name_or_dir or "/" in name_or_dir:
+        raise DatasetError(f"{name_or_dir}: no such folder (known data set names: {known})")
+    raise DatasetError(f"{name_or_dir}: neither a folder nor a known data set (known: {known})")
+
+
+def load_dataset(
+    name_or_dir: str = BUNDLED,
+    *,
+    data_dir: str | None = None,
+    download: bool = True,
+    cache_dir: str | None = None,
+    mirrors: list[str] | None = None,
+) -> Dataset:
+    """Load a data set: a folder (`data_dir`, or `name_or_dir` if it is one), the bundled
+    "mnist-sample", or a known set ("mnist", "fashion-mnist", "kmnist") from the cache, a system
+    folder or, failing those and if `download`, from its mirrors into the cache."""
+    name, folder, source = resolve(name_or_dir, data_dir=data_dir, cache_dir=cache_dir)
+    if folder is None:
+        folder = Path(source)
+        if not download:
+            raise DatasetError(f"{name} is not downloaded (download disabled); " + missing_files_message(name, folder))
+        _download(name, folder, mirrors=mirrors)
+    return _load_cached(folder, name=name, source=source)
+
+

@@ -1,0 +1,209 @@
+"""Known downloadable data sets, their checksums and mirrors, and a careful downloader.
+
+Downloads use `urllib` only, verify each file's MD5 before it lands in the cache, write atomically
+(a killed download never leaves a half file behind), retry a few times with backoff and then move
+on to the next mirror.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ..errors import DatasetError
+from ..fileio import atomic_open
+
+# The four files of an MNIST-format data set, in the order they are fetched and listed.
+FILE_NAMES: tuple[str, ...] = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+# Known downloadable sets: gz file name -> MD5, and base URLs tried in order.
+# Sources of the checksums and URLs:
+# - MNIST: torchvision's `MNIST.resources`/`MNIST.mirrors` (github.com/pytorch/vision,
+#   torchvision/datasets/mnist.py); the Google CVDF mirror is TensorFlow's tutorial source.
+# - Fashion-MNIST: github.com/zalandoresearch/fashion-mnist README (file table with MD5s) and
+#   torchvision's `FashionMNIST.resources`.
+# - KMNIST: github.com/rois-codh/kmnist and torchvision's `KMNIST.resources`.
+DATASETS: dict[str, dict[str, Any]] = {
+    "mnist": {
+        "files": {
+            "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+            "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+            "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+            "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+        },
+        "mirrors": [
+            "https://ossci-datasets.s3.amazonaws.com/mnist/",
+            "https://storage.googleapis.com/cvdf-datasets/mnist/",
+            "http://yann.lecun.com/exdb/mnist/",
+        ],
+        "counts": (60000, 10000),
+    },
+    "fashion-mnist": {
+        "files": {
+            "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+            "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+            "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+            "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+        },
+        "mirrors": [
+            "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+            "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
+        ],
+        "counts": (60000, 10000),
+        # Debian's dataset-fashion-mnist (0.0~git20200523.55506a9-1) installs the same four file
+        # names here, but recompressed: its gz files have other MD5s (listed below, computed from
+        # that package) while the IDX content is the upstream one.
+        "system_dirs": ["/usr/share/datasets/fashion-mnist"],
+        "alt_md5": {
+            "train-images-idx3-ubyte.gz": "cf8536b0aa1a6ac5fa3f23001093305c",
+            "train-labels-idx1-ubyte.gz": "10bea18fdb374794d4bb42e356e600c9",
+            "t10k-images-idx3-ubyte.gz": "f78720b4224f21cce2f2ccf2d7a94c9a",
+            "t10k-labels-idx1-ubyte.gz": "0d30e22e447f3c33dab9ed536400ac01",
+        },
+    },
+    "kmnist": {
+        "files": {
+            "train-images-idx3-ubyte.gz": "bdb82020997e1d708af4cf47b453dcf7",
+            "train-labels-idx1-ubyte.gz": "e144d726b3acfaa3e44228e80efcd344",
+            "t10k-images-idx3-ubyte.gz": "5c965bf0a639b31b8f53240b1b52f4d7",
+            "t10k-labels-idx1-ubyte.gz": "7320c461ea6c1c855c0b718fb2a4b134",
+        },
+        "mirrors": ["http://codh.rois.ac.jp/kmnist/dataset/kmnist/"],
+        "counts": (60000, 10000),
+    },
+}
+
+# MD5s of the bundled 6,000/2,000 sample (src/capsnet/data/files/mnist-sample).
+BUNDLED_MD5: dict[str, str] = {
+    "train-images-idx3-ubyte.gz": "c9b62c7fd82178c2047ad09cfb53fd28",
+    "train-labels-idx1-ubyte.gz": "2fa93ff07473c5b57b9f97029a2a26e2",
+    "t10k-images-idx3-ubyte.gz": "7e082970898aabcdd72d63b9932d2e09",
+    "t10k-labels-idx1-ubyte.gz": "0a911e44f911094d228d75fd5aa1c854",
+}
+
+# Network behaviour; module-level so tests (and impatient users) can tune them.
+TRIES_PER_MIRROR = 3
+RETRY_BACKOFF_S = 1.0  # doubled after each failed try
+TIMEOUT_S = 20.0  # per connect / per read, not for the whole file
+_CHUNK = 1 << 16
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where downloaded sets live: `cache_dir`, else `$CAPSNET_DATA`, else `~/.cache/capsnet`."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("CAPSNET_DATA")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "capsnet"
+
+
+def mirror_list(name: str, mirrors: list[str] | None = None) -> list[str]:
+    """Base URLs to try for `name`: `mirrors`, else `$CAPSNET_MIRRORS` (comma-separated), else defaults."""
+    if mirrors is None:
+        env = os.environ.get("CAPSNET_MIRRORS", "")
+        mirrors = [m.strip() for m in env.split(",") if m.strip()] or list(DATASETS[name]["mirrors"])
+    return [m if m.endswith("/") else m + "/" for m in mirrors]
+
+
+def md5_file(path: str | os.PathLike) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def known_md5s(file_name: str) -> dict[str, str]:
+    """Every known MD5 of a file name: md5 -> the set it belongs to (for `capsnet data check`)."""
+    out = {}
+    if file_name in BUNDLED_MD5:
+        out[BUNDLED_MD5[file_name]] = "mnist-sample"
+    for name, info in DATASETS.items():
+        for table, label in ((info["files"], name), (info.get("alt_md5", {}), f"{name} (Debian package)")):
+            if file_name in table:
+                out[table[file_name]] = label
+    return out
+
+
+class _BadChecksum(Exception):
+    pass
+
+
+def _fetch_once(url: str, dest: Path, md5: str) -> None:
+    """Stream `url` into `dest` atomically; the file only appears if its MD5 is `md5`."""
+    req = urllib.request.Request(url, headers={"User-Agent": "capsnet"})
+    with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp, atomic_open(dest, "wb") as out:
+        h = hashlib.md5()
+        for chunk in iter(lambda: resp.read(_CHUNK), b""):
+            h.update(chunk)
+            out.write(chunk)
+        if h.hexdigest() != md5:
+            # Raising inside atomic_open deletes the temporary file: a bad download never lands.
+            raise _BadChecksum(f"MD5 {h.hexdigest()} != expected {md5}")
+
+
+def fetch(file_name: str, dest: Path, md5: str, mirrors: list[str]) -> list[str]:
+    """Download one file from the first mirror that serves it with the right MD5.
+
+    Returns [] on success, else one message per mirror saying why it failed.
+    """
+    problems = []
+    for base in mirrors:
+        url = base + file_name
+        for attempt in range(TRIES_PER_MIRROR):
+            try:
+                _fetch_once(url, dest, md5)
+                return []
+            except _BadChecksum as e:
+                problems.append(f"{url}: {e}")
+                break  # a mirror that serves wrong bytes will not get better by asking again
+            except urllib.error.HTTPError as e:
+                if e.code < 500:  # 404, 403: permanent for this mirror
+                    problems.append(f"{url}: HTTP {e.code} {e.reason}")
+                    break
+                err = f"HTTP {e.code} {e.reason}"
+            except (urllib.error.URLError, OSError, ValueError) as e:
+                reason = getattr(e, "reason", e)
+                if isinstance(reason, socket.gaierror) or isinstance(e, ValueError):
+                    # Unknown host (typically: offline) or a malformed URL: retrying cannot help.
+                    problems.append(f"{url}: {reason}")
+                    break
+                err = str(reason)
+            if attempt + 1 == TRIES_PER_MIRROR:
+                problems.append(f"{url}: {err} (after {TRIES_PER_MIRROR} tries)")
+            else:
+                time.sleep(RETRY_BACKOFF_S * 2**attempt)
+    return problems
+
+
+def missing_files_message(name: str, folder: Path) -> str:
+    files = ", ".join(DATASETS[name]["files"])
+    return (
+        f"put the files {files} (from {DATASETS[name]['mirrors'][0]}) in {folder}, "
+        f"or pass --data-dir DIR (data_dir=DIR) pointing at a folder that holds them"
+    )
+
+
+def download(name: str, folder: Path, *, mirrors: list[str] | None = None) -> None:
+    """Fetch the files of known set `name` that `folder` lacks; DatasetError if any cannot be had."""
+    urls = mirror_list(name, mirrors)
+    for file_name, md5 in DATASETS[name]["files"].items():
+        dest = folder / file_name
+        if dest.exists() or (folder / file_name.removesuffix(".gz")).exists():
+            continue
+        problems = fetch(file_name, dest, md5, urls)
+        if problems:
+            raise DatasetError(
+                f"could not download {name} ({file_name}: {'; '.join(problems)}); "
+                + missing_files_message(name, folder)
+            )

@@ -1,0 +1,43 @@
+"""Image files (PNG, JPEG, ...) into model inputs; Pillow is an optional extra (`capsnet[images]`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import CapsNetError, DatasetError
+
+
+def load_image(path: str | Path, *, size: int = 28, channels: int = 1) -> torch.Tensor:
+    """Read an image into the model's input [C, size, size] in [0, 1], MNIST-style.
+
+    Light-background images (dark ink on white paper) are inverted to MNIST's white-on-black; the content is
+    scaled to fit a box of 20/28 of the side, keeping its aspect ratio, and centred, as MNIST's digits are.
+    """
+    try:
+        from PIL import Image, ImageOps, UnidentifiedImageError
+    except ImportError:
+        raise CapsNetError("capsnet predict needs Pillow: pip install 'capsnet[images]'") from None
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"{path}: no such image file")
+    try:
+        with Image.open(path) as im:
+            im.load()
+            img = im.convert("L" if channels == 1 else "RGB")
+    except (UnidentifiedImageError, OSError) as e:
+        raise DatasetError(f"{path}: not a readable PNG or JPEG image ({e})") from None
+    gray = img if img.mode == "L" else img.convert("L")
+    w, h = gray.size
+    border = [gray.getpixel((x, y)) for x in range(w) for y in (0, h - 1)]
+    border += [gray.getpixel((x, y)) for y in range(h) for x in (0, w - 1)]
+    if sum(border) / len(border) > 127:  # light background: invert to white ink on black
+        img = ImageOps.invert(img)
+    inner = max(1, round(size * 20 / 28))
+    scale = inner / max(w, h)
+    img = img.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.Resampling.LANCZOS)
+    canvas = Image.new(img.mode, (size, size))
+    canvas.paste(img, ((size - img.size[0]) // 2, (size - img.size[1]) // 2))
+    x = torch.frombuffer(bytearray(canvas.tobytes()), dtype=torch.uint8).float().div_(255.0)
+    return x.view(size, size, channels).permute(2, 0, 1).contiguous()

@@ -1,0 +1,19 @@
+"""Capsule building blocks: the squash non-linearity, primary capsules, the decoder and the losses.
+
+May import: torch and capsnet's foundation modules (errors, fileio, config) only.
+"""
+
+from .decoder import CapsuleDecoder
+from .losses import MarginLoss, capsule_lengths, reconstruction_loss
+from .primary import PrimaryCapsules
+from .squash import Squash, squash
+
+__all__ = [
+    "CapsuleDecoder",
+    "MarginLoss",
+    "PrimaryCapsules",
+    "Squash",
+    "capsule_lengths",
+    "reconstruction_loss",
+    "squash",
+]

@@ -1,0 +1,148 @@
+"""Dynamic routing between capsules (Procedure 1): the `Router` layer and the plain autograd reference path.
+
+Symbols follow Sabour, Frosst & Hinton (2017), "Dynamic Routing Between Capsules":
+  u_i      output of lower-level (input) capsule i                  [B, in_caps, in_d]
+  W_ij     transformation matrix from capsule i to capsule j        [in_caps, out_caps, in_d, out_d]
+  û_j|i    prediction ("vote") of capsule i for capsule j, W_ij u_i [B, in_caps, out_caps, out_d]
+  b_ij     routing logits, c_ij = softmax_j(b_ij) coupling coeffs.  [B, in_caps, out_caps]
+  s_j      total input of capsule j, v_j = squash(s_j) its output   [B, out_caps, out_d]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..nn.squash import squash
+from . import dynamic_cpu as routing_cpu
+from .dynamic_fast import fast_dynamic_routing
+
+
+class RoutingResult(NamedTuple):
+    """Output capsules v [B, out_caps, out_d] and the final coupling coefficients c [B, in_caps, out_caps]."""
+
+    capsules: torch.Tensor
+    coupling: torch.Tensor
+
+
+def default_weight_std(in_caps: int) -> float:
+    """Initial std of W_ij: 1 / sqrt(in_caps), a fan-in rule over the input capsules (0.0295 for MNIST's 1152).
+
+    With the first pass's uniform coupling c_ij = 1/out_caps, s_j sums in_caps independent votes, each of norm
+    about std·sqrt(out_d)·|u_i|, so std = 1/sqrt(in_caps) makes |s_j| ≈ sqrt(out_d)·|u_i| / out_caps whatever
+    the number of input capsules: small, in the squash's linear-to-quadratic range, never saturated.
+    Measured on the bundled MNIST sample (docs/benchmarks.md): std 0.25 saturates every |v_j| near 1 and stays at
+    chance, as the seed's std 1 does; after 3 epochs at batch 32, std 0.074 reaches 97.65% and 0.03 reaches 98.0%.
+    """
+    return 1.0 / math.sqrt(in_caps)
+
+
+class Router(nn.Module):
+    """Dynamic routing between capsules (Procedure 1 of the paper), as a drop-in layer.
+
+    Args:
+        in_caps, out_caps: number of input (lower-level) and output (higher-level) capsules.
+        in_d, out_d: their dimensions.
+        iterations: routing iterations r ≥ 1 (the paper uses 3).
+        detach_votes: stop gradients through û_j|i in every iteration but the last (a common variant;
+            the paper's default, False, backpropagates through all of them).
+        weight_std: initial std of W; defaults to :func:`default_weight_std`.
+        fast: use a fast path with a hand-derived backward (fp32 under autocast) instead of the plain autograd
+            path (:func:`route_votes` + :func:`dynamic_routing`): on CPUs the fused C++ kernel of
+            :mod:`capsnet.routing.dynamic_cpu` (built at first use; ``CAPSNET_NO_EXT=1`` disables it), elsewhere,
+            or if it cannot be built, :func:`capsnet.routing.fast_dynamic_routing` (large-K GEMMs). All compute the same
+            function; the fast ones support a single backward pass only, so set ``router.fast = False`` for double
+            backward (e.g. gradient penalties).
+
+    `weight` has the seed's layout (in_caps, out_caps, in_d, out_d), so its state dicts load unchanged.
+    """
+
+    def __init__(
+        self,
+        in_caps: int,
+        out_caps: int,
+        in_d: int,
+        out_d: int,
+        iterations: int = 3,
+        *,
+        detach_votes: bool = False,
+        weight_std: float | None = None,
+        fast: bool = True,
+    ):
+        super().__init__()
+        if min(in_caps, out_caps, in_d, out_d) < 1:
+            raise ValueError("Router: in_caps, out_caps, in_d and out_d must all be >= 1")
+        if iterations < 1:
+            raise ValueError(f"Router: iterations must be >= 1, got {iterations}")
+        self.in_caps, self.out_caps, self.in_d, self.out_d = in_caps, out_caps, in_d, out_d
+        self.iterations = iterations
+        self.detach_votes = detach_votes
+        self.fast = fast
+        self.chunk: int | None = None  # batch chunk of the fast path; None: capsnet.routing.default_chunk
+        self.weight = nn.Parameter(torch.empty(in_caps, out_caps, in_d, out_d))
+        self.weight_std = default_weight_std(in_caps) if weight_std is None else weight_std
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=self.weight_std)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}, "
+            f"iterations={self.iterations}, detach_votes={self.detach_votes}"
+        )
+
+    def _check_input(self, u: torch.Tensor) -> None:
+        expected = f"[B, {self.in_caps}, {self.in_d}]"
+        if not isinstance(u, torch.Tensor):
+            raise ValueError(f"Router expects a tensor of shape {expected}, got {type(u).__name__}")
+        if u.dim() != 3 or u.shape[1] != self.in_caps or u.shape[2] != self.in_d:
+            raise ValueError(f"Router expects input of shape {expected}, got {list(u.shape)}")
+        if not u.is_floating_point():
+            raise ValueError(f"Router expects a floating-point input of shape {expected}, got dtype {u.dtype}")
+
+    def votes(self, u: torch.Tensor) -> torch.Tensor:
+        """Eq. 2: û_j|i = W_ij u_i   [B, in_caps, out_caps, out_d]."""
+        return route_votes(self.weight, u)
+
+    def forward(self, u: torch.Tensor, *, return_coupling: bool = False) -> torch.Tensor | RoutingResult:
+        self._check_input(u)
+        if self.fast and routing_cpu.applicable(u, self.weight):
+            v, c = routing_cpu.cpu_dynamic_routing(u, self.weight, self.iterations, detach_votes=self.detach_votes)
+        elif self.fast:
+            v, c = fast_dynamic_routing(
+                u, self.weight, self.iterations, detach_votes=self.detach_votes, chunk=self.chunk
+            )
+        else:
+            v, c = dynamic_routing(self.votes(u), self.iterations, detach_votes=self.detach_votes)
+        return RoutingResult(v, c) if return_coupling else v
+
+
+def route_votes(weight: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """û_j|i = W_ij u_i for all i, j as one batched matmul over i.  W [I, J, N, M], u [B, I, N] -> [B, I, J, M]."""
+    n_in, n_out, d_in, d_out = weight.shape
+    w = weight.permute(0, 2, 1, 3).reshape(n_in, d_in, n_out * d_out)  # [I, N, J·M]
+    u_hat = torch.bmm(u.transpose(0, 1), w.to(u.dtype))  # [I, B, J·M]
+    return u_hat.view(n_in, -1, n_out, d_out).transpose(0, 1)  # [B, I, J, M]
+
+
+def dynamic_routing(
+    u_hat: torch.Tensor, iterations: int, *, detach_votes: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Procedure 1 on precomputed votes û [B, in, out, out_d]. Returns v [B, out, out_d] and the final c."""
+    batch, n_in, n_out, _ = u_hat.shape
+    u_hat_routing = u_hat.detach() if detach_votes else u_hat
+    b = u_hat.new_zeros(batch, n_in, n_out)  # b_ij ← 0  [B, in, out]
+    for r in range(iterations):
+        last = r == iterations - 1
+        votes = u_hat if last else u_hat_routing
+        c = F.softmax(b, dim=2)  # Eq. 3: c_ij = softmax_j(b_ij), over the output capsules  [B, in, out]
+        s = torch.einsum("bij,bijm->bjm", c, votes)  # s_j = Σ_i c_ij û_j|i  [B, out, out_d]
+        v = squash(s)  # Eq. 1  [B, out, out_d]
+        if not last:  # the update after the last pass would never be used
+            b = b + torch.einsum("bjm,bijm->bij", v, votes)  # b_ij ← b_ij + û_j|i · v_j
+    return v, c
