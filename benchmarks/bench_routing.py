@@ -1,4 +1,4 @@
-"""Forward+backward of capsnet.Router vs the seed's einsum formulation of dynamic routing (MNIST shape).
+"""Forward+backward of capsnet.Router vs labml's einsum formulation of dynamic routing (MNIST shape).
 
     python benchmarks/bench_routing.py [--device cpu|cuda] [--batch-sizes 32,64,128] [--repeats 7]
                                        [--impl router|torch-fast|both]
@@ -34,20 +34,20 @@ from capsnet.routing import fast_dynamic_routing
 IN_CAPS, OUT_CAPS, IN_D, OUT_D = 1152, 10, 8, 16
 
 
-# --- the seed formulation (reference) ----------------------------------------------------------------
-def seed_squash(s: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+# --- labml's formulation (the reference; labml's annotated CapsNet, the article capsnet started from) ----
+def labml_squash(s: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     sq = (s**2).sum(dim=-1, keepdim=True)
     return (sq / (1 + sq)) * (s / torch.sqrt(sq + eps))
 
 
-def seed_routing(u: torch.Tensor, weight: torch.Tensor, iterations: int = 3) -> torch.Tensor:
+def labml_routing(u: torch.Tensor, weight: torch.Tensor, iterations: int = 3) -> torch.Tensor:
     u_hat = torch.einsum("ijnm,bin->bijm", weight, u)
     b = u.new_zeros(u.shape[0], weight.shape[0], weight.shape[1])
     v = None
     for i in range(iterations):
         c = torch.softmax(b, dim=2)
         s = torch.einsum("bij,bijm->bjm", c, u_hat)
-        v = seed_squash(s)
+        v = labml_squash(s)
         if i < iterations - 1:
             a = torch.einsum("bjm,bijm->bij", v, u_hat)
             b = b + a
@@ -79,7 +79,7 @@ def step(variant: str, router: Router, u: torch.Tensor, grad_out: torch.Tensor) 
     elif variant == "torch-fast":
         v = fast_dynamic_routing(u, router.weight, router.iterations)[0]
     else:
-        v = seed_routing(u, router.weight)
+        v = labml_routing(u, router.weight)
     v.backward(grad_out)
     return v
 
@@ -136,11 +136,11 @@ def probe(variant: str, batch: int) -> None:
 def max_diffs(batch: int, device: torch.device, variant: str = "router") -> dict[str, float]:
     router, u, g = make_inputs(batch, device)
     out = {}
-    for name in (variant, "seed"):
+    for name in (variant, "labml"):
         v = step(name, router, u, g)
         out[name] = (v.detach().clone(), u.grad.clone(), router.weight.grad.clone())
     names = ("v", "grad_u", "grad_W")
-    return {n: (a - b).abs().max().item() for n, a, b in zip(names, out[variant], out["seed"])}
+    return {n: (a - b).abs().max().item() for n, a, b in zip(names, out[variant], out["labml"])}
 
 
 def main() -> int:
@@ -152,7 +152,7 @@ def main() -> int:
     p.add_argument("--tolerance", type=float, default=1e-5, help="max abs diff allowed (fp32)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--impl", default="router", choices=["router", "torch-fast", "both"],
-                   help="what to compare with the seed (router: capsnet.Router as dispatched)")
+                   help="what to compare with labml's formulation (router: capsnet.Router as dispatched)")
     p.add_argument("--_probe", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._probe:
@@ -164,14 +164,14 @@ def main() -> int:
     print(f"device={device} threads={torch.get_num_threads()} torch={torch.__version__} "
           f"shape: {IN_CAPS}x{IN_D} -> {OUT_CAPS}x{OUT_D}, 3 iterations, forward+backward, medians of {args.repeats}")
     impls = ["router", "torch-fast"] if args.impl == "both" else [args.impl]
-    print(f"{'impl':>10} {'batch':>5} {'seed img/s':>11} {'impl img/s':>11} {'speed-up':>9} {'seed MiB':>9}"
+    print(f"{'impl':>10} {'batch':>5} {'labml img/s':>11} {'impl img/s':>11} {'speed-up':>9} {'labml MiB':>9}"
           f" {'impl MiB':>9} {'max|dv|':>9} {'max|du|':>9} {'max|dW|':>9}")
     ok = True
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
         diffs = {k: max_diffs(batch, device, k) for k in impls}
         ok &= all(d <= args.tolerance for dk in diffs.values() for d in dk.values())
         router, u, g = make_inputs(batch, device)
-        times: dict[str, list[float]] = {k: [] for k in ["seed", *impls]}
+        times: dict[str, list[float]] = {k: [] for k in ["labml", *impls]}
         for variant in times:  # warm-up
             step(variant, router, u, g)
         for _ in range(args.repeats):
@@ -188,8 +188,8 @@ def main() -> int:
             mem = {k: peak_memory_mib(k, batch, device) for k in times}
         for k in impls:
             d = diffs[k]
-            print(f"{k:>10} {batch:>5} {batch / med['seed']:>11.0f} {batch / med[k]:>11.0f} "
-                  f"{med['seed'] / med[k]:>8.2f}x {mem['seed']:>9.1f} {mem[k]:>9.1f} "
+            print(f"{k:>10} {batch:>5} {batch / med['labml']:>11.0f} {batch / med[k]:>11.0f} "
+                  f"{med['labml'] / med[k]:>8.2f}x {mem['labml']:>9.1f} {mem[k]:>9.1f} "
                   f"{d['v']:>9.1e} {d['grad_u']:>9.1e} {d['grad_W']:>9.1e}", flush=True)
     if not ok:
         print(f"FAILED: outputs or gradients differ by more than {args.tolerance}", file=sys.stderr)

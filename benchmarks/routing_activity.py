@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 from capsnet.data import load_dataset
+from capsnet.data.split import to_float
 from capsnet.errors import CapsNetError
 from capsnet.models.pretrained import load_pretrained
 from capsnet.routing.dynamic import route_votes
@@ -60,7 +61,7 @@ def main() -> int:
             raise ValueError
     except ValueError:
         print("error: --iterations takes positive integers like 1,2,3; --batch-size and --limit must be >= 1",
-              file=sys.stderr)  # fmt: skip
+              file=sys.stderr)
         return 2
     try:
         model = load_pretrained(resolve_checkpoint(args.checkpoint), map_location="cpu").eval()
@@ -68,7 +69,7 @@ def main() -> int:
     except CapsNetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    router = getattr(model, "digits", None)
+    router = getattr(model, "class_caps", None)
     if router is None:
         print(f"error: {args.checkpoint}: not a CapsNet checkpoint (no routed capsule layer)", file=sys.stderr)
         return 2
@@ -76,7 +77,7 @@ def main() -> int:
     images, labels = split.images[: args.limit], split.labels[: args.limit]
     own_r = router.iterations
     batches = [
-        (images[i : i + args.batch_size].float().div(255.0), labels[i : i + args.batch_size])
+        (to_float(images[i : i + args.batch_size]), labels[i : i + args.batch_size])
         for i in range(0, len(labels), args.batch_size)
     ]
 

@@ -1,4 +1,5 @@
-"""random_shift / random_affine: shapes, ranges, real movement, identity cases, determinism."""
+"""place_on_canvas / affine_warp and the augmentations built on them (random_shift / random_affine): literal
+references, shapes, ranges, real movement, identity cases, determinism."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 from capsnet.data import random_affine, random_shift
+from capsnet.data.augment import affine_warp, place_on_canvas
 
 
 def blobs(b: int = 16, size: int = 28) -> torch.Tensor:
@@ -84,3 +86,54 @@ def test_affine_out_size_places_digit_on_canvas():
     assert out.shape == (3, 1, 36, 36)
     assert torch.allclose(out.sum(dim=(1, 2, 3)), x.sum(dim=(1, 2, 3)), atol=1e-3)  # same pixel scale
     assert torch.allclose(centre_of_mass(out), centre_of_mass(x) + 4, atol=1e-3)  # centred: (36-28)/2
+
+
+def _place_loop(x: torch.Tensor, top: list[int], left: list[int], height: int, width: int) -> torch.Tensor:
+    """The literal definition: canvas pixel (y, x) = image pixel (y - top, x - left) where that exists, else 0."""
+    b, c, h, w = x.shape
+    out = torch.zeros(b, c, height, width, dtype=x.dtype)
+    for k in range(b):
+        for y in range(height):
+            for q in range(width):
+                if 0 <= y - top[k] < h and 0 <= q - left[k] < w:
+                    out[k, :, y, q] = x[k, :, y - top[k], q - left[k]]
+    return out
+
+
+def test_place_on_canvas_matches_the_literal_loop():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(1, 256, (6, 2, 5, 7), generator=g, dtype=torch.uint8)
+    top, left = [0, -3, 4, 9, -6, 2], [1, 6, -2, 0, -8, 11]  # inside, cut on each side, fully outside
+    for size in (9, (8, 12), (5, 7)):
+        height, width = (size, size) if isinstance(size, int) else size
+        out = place_on_canvas(x, torch.tensor(top), torch.tensor(left), size)
+        assert out.dtype == torch.uint8 and out.shape == (6, 2, height, width)
+        assert torch.equal(out, _place_loop(x, top, left, height, width))
+    assert place_on_canvas(x[:, 0], torch.tensor(top), torch.tensor(left), 9).shape == (6, 9, 9)  # [B, H, W]
+
+
+def test_random_shift_is_a_placement_on_a_same_size_canvas():
+    x = torch.rand(32, 1, 6, 9)
+    out = random_shift(x, 3, generator=torch.Generator().manual_seed(4))
+    dy, dx = torch.randint(-3, 4, (2, 32), generator=torch.Generator().manual_seed(4))  # the same draw
+    assert torch.equal(out, _place_loop(x, dy.tolist(), dx.tolist(), 6, 9))
+
+
+def test_affine_warp_identity_translation_and_canvas():
+    x = torch.rand(4, 2, 10, 10, dtype=torch.float64)
+    eye = torch.eye(2, dtype=torch.float64).repeat(4, 1, 1)
+    assert torch.allclose(affine_warp(x, eye), x, atol=1e-12)
+    # A whole-pixel translation (x right, y down) is an exact placement.
+    t = torch.tensor([[2.0, 0.0], [0.0, -3.0], [1.0, 1.0], [-4.0, 2.0]], dtype=torch.float64)
+    moved = affine_warp(x, eye, t)
+    expected = place_on_canvas(x, t[:, 1].long(), t[:, 0].long(), 10)
+    assert torch.allclose(moved, expected, atol=1e-12)
+    # A larger canvas centres the image at its own pixel scale.
+    canvas = affine_warp(x, eye, out_size=16)
+    assert canvas.shape == (4, 2, 16, 16) and torch.allclose(canvas[:, :, 3:13, 3:13], x, atol=1e-12)
+    assert canvas.sum() == pytest.approx(x.sum().item())
+    # A 90° rotation about the centre: p_out = R p_in with R = [[0, -1], [1, 0]] (x right, y down).
+    rot = torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=torch.float64).repeat(4, 1, 1)
+    assert torch.allclose(affine_warp(x, rot), torch.rot90(x, k=-1, dims=(2, 3)), atol=1e-12)
+    u8 = (x * 255).to(torch.uint8)
+    assert torch.equal(affine_warp(u8, eye), u8)

@@ -27,6 +27,7 @@ def model_dir(tmp_path_factory):
     return out, model
 
 
+@pytest.mark.slow
 def test_routing_activity_accuracies_match_the_model(model_dir):
     path, model = model_dir
     r = _run("--checkpoint", str(path), "--limit", "40", "--iterations", "1,3")
@@ -38,13 +39,14 @@ def test_routing_activity_accuracies_match_the_model(model_dir):
     x, y = split.images[:40].float() / 255, split.labels[:40]
     model.eval()
     for r_ in (1, 3):
-        model.digits.iterations = r_
+        model.class_caps.iterations = r_
         with torch.no_grad():
             acc = (model(x).predictions == y).float().mean().item()
         assert float(rows[r_][1]) == pytest.approx(acc, abs=1e-4)
     assert "max_j c_ij" in r.stdout and "mean c_i,true class" in r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, needle",
     [
@@ -59,6 +61,7 @@ def test_routing_activity_bad_flags_one_line(model_dir, args, needle):
     assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr
 
 
+@pytest.mark.slow
 def test_routing_activity_missing_checkpoint_one_line(tmp_path):
     r = _run("--checkpoint", str(tmp_path / "nowhere"))
     assert r.returncode == 2

@@ -14,6 +14,8 @@ import torch
 
 from capsnet import cli
 from capsnet.data import Dataset, Split, iterate_batches, load_dataset, num_batches, read_idx
+from capsnet.data.batching import shard_indices
+from capsnet.data.split import to_float
 from capsnet.errors import DatasetError
 
 SAMPLE = Path(__file__).resolve().parents[1] / "src" / "capsnet" / "data_files" / "mnist-sample"
@@ -134,7 +136,7 @@ def test_test_only_folder(tmp_path):
 
 
 def test_folder_errors(tmp_path):
-    with pytest.raises(DatasetError, match="no MNIST-format data set"):
+    with pytest.raises(DatasetError, match="no data set found here: expected MNIST IDX files"):
         load_dataset(str(tmp_path))
     folder = write_set(tmp_path / "s")
     (folder / "train-labels-idx1-ubyte.gz").unlink()
@@ -261,15 +263,17 @@ def test_cli_check(run_cli, capsys):
 def test_cli_check_finds_problems(run_cli, capsys, tmp_path):
     folder = write_set(tmp_path / "s")
     (folder / "train-images-idx3-ubyte.gz").write_bytes(b"\x1f\x8b garbage")
-    assert run_cli(["data", "check", str(folder)]) == 1
-    out = capsys.readouterr().out
-    assert "FAIL  train-images-idx3-ubyte.gz" in out and "gzip" in out
+    assert run_cli(["data", "check", str(folder)]) == 2  # bad input: exit status 2, as the README says
+    captured = capsys.readouterr()
+    assert "FAIL  train-images-idx3-ubyte.gz" in captured.out and "gzip" in captured.out
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("capsnet data: error: problems found")
 
 
 def test_cli_check_md5_mismatch_of_known_set(run_cli, capsys, tmp_path, monkeypatch):
     write_set(tmp_path / "mnist")
     monkeypatch.setenv("CAPSNET_DATA", str(tmp_path))
-    assert run_cli(["data", "check", "mnist"]) == 1
+    assert run_cli(["data", "check", "mnist"]) == 2
     assert "is not the known one" in capsys.readouterr().out
 
 
@@ -282,3 +286,22 @@ def test_cli_bad_input_one_line(run_cli, capsys, tmp_path, action):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert err.startswith("capsnet data: error:")
+
+
+def test_shard_indices_wraps_or_drops():
+    order = torch.tensor([10, 11, 12, 13, 14])
+    assert [shard_indices(order, rank=r, world_size=2).tolist() for r in range(2)] == [[10, 12, 14], [11, 13, 10]]
+    dropped = [shard_indices(order, rank=r, world_size=2, drop_last=True).tolist() for r in range(2)]
+    assert dropped == [[10, 12], [11, 13]]
+    assert shard_indices(order, rank=0, world_size=1).tolist() == order.tolist()
+    # more ranks than indices: the order wraps more than once
+    assert [shard_indices(order[:2], rank=r, world_size=5).tolist() for r in range(5)] == [[10], [11], [10], [11], [10]]
+
+
+def test_to_float():
+    u8 = torch.tensor([0, 51, 255], dtype=torch.uint8)
+    x = to_float(u8)
+    assert x.dtype == torch.float32 and torch.equal(x, torch.tensor([0.0, 0.2, 1.0]))
+    assert u8.tolist() == [0, 51, 255]  # the input is left alone
+    f = torch.tensor([0.25, 1.0], dtype=torch.float64)
+    assert to_float(f).dtype == torch.float32 and to_float(f).tolist() == [0.25, 1.0]  # floats are not rescaled

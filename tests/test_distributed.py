@@ -1,24 +1,33 @@
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from helpers import SMALL_FLAGS
+import pytest
+from helpers import SMALL_FLAGS, small_config
 
-from capsnet import load_pretrained
+from capsnet import CapsNet, load_pretrained
 from capsnet.data import Split, load_dataset
 from capsnet.training.checkpoint import read_summary
 from capsnet.training.evaluate import evaluate
 
+N_TEST = 101  # odd: the two ranks' shares (51 and 50 images) differ, so a figure from one rank alone shows
 
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1",
+            "PYTHONFAULTHANDLER": "1"}  # a crash prints every thread's Python stack
+
+
+@pytest.mark.slow
 def test_torchrun_two_cpu_processes(tmp_path):
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1",
-           "PYTHONFAULTHANDLER": "1"}  # a crash prints every thread's Python stack
+    env = _env()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "capsnet", "train", "--out", str(out), "--epochs", "2", "--train-subset", "128",
-           "--test-subset", "100", "--batch-size", "16", "--device", "cpu", "--no-progress", "--no-tensorboard",
-           *SMALL_FLAGS]  # fmt: skip
+           "--test-subset", str(N_TEST), "--batch-size", "16", "--device", "cpu", "--no-progress", "--no-tensorboard",
+           *SMALL_FLAGS]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, f"stdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-6000:]}"
     # only rank 0 prints and writes: one summary line per epoch, one closing line
@@ -26,11 +35,56 @@ def test_torchrun_two_cpu_processes(tmp_path):
     assert r.stdout.count("done: best test accuracy") == 1
     rows = read_summary(out)
     assert [row["epoch"] for row in rows] == [1, 2]
-    # metrics were reduced over both ranks: accuracy on all 100 test images is a multiple of 1/100
-    assert abs(rows[-1]["test_acc"] * 100 - round(rows[-1]["test_acc"] * 100)) < 1e-6
-    # the two ranks' shards, summed, give what one process measures on the same 100 images
+    # Metrics were reduced over both ranks. With 101 test images rank 0 scores 51 of them and rank 1 50, so a
+    # figure from one rank alone (k/51 or k/50) is never k/101 unless it is 0 or 1, and its loss differs too.
+    # (summary.csv keeps 6 decimals; k/51 and j/101 are at least 1/5151 apart.)
+    acc = rows[-1]["test_acc"]
+    assert 0 < acc < 1 and abs(acc * N_TEST - round(acc * N_TEST)) < 1e-3
     model = load_pretrained(out / "last")
     test = load_dataset("mnist-sample").test
-    single = evaluate(model, Split(test.images[:100], test.labels[:100]))
-    assert single["n"] == 100
-    assert rows[-1]["test_acc"] == single["accuracy"]
+    whole = Split(test.images[:N_TEST], test.labels[:N_TEST])
+    single = evaluate(model, whole)  # one process, all 101 images
+    assert single["n"] == N_TEST
+    assert acc == pytest.approx(single["accuracy"], abs=1e-5)
+    assert rows[-1]["test_loss"] == pytest.approx(single["loss"], rel=1e-4)
+    for rank in (0, 1):  # each rank's share alone gives other figures
+        share = evaluate(model, Split(whole.images[rank::2], whole.labels[rank::2]))
+        assert share["n"] == (51, 50)[rank]
+        assert share["accuracy"] != pytest.approx(acc, abs=1e-5)
+        assert share["loss"] != pytest.approx(single["loss"], rel=1e-4)
+
+
+EVAL_SCRIPT = """
+import json, sys, torch
+from capsnet import load_pretrained
+from capsnet.data import Split, load_dataset
+from capsnet.training import distributed
+from capsnet.training.evaluate import evaluate
+
+info = distributed.setup(torch.device("cpu"))
+test = load_dataset("mnist-sample").test
+n = int(sys.argv[2])
+r = evaluate(load_pretrained(sys.argv[1]), Split(test.images[:n], test.labels[:n]), batch_size=16, dist=info)
+print(json.dumps({"rank": info.rank, "world": info.world_size, "n": r["n"], "accuracy": r["accuracy"]}))
+distributed.teardown(info)
+"""
+
+
+@pytest.mark.slow
+def test_evaluate_under_torchrun_counts_every_image_once(tmp_path):
+    model = CapsNet(config=small_config())
+    model.save_pretrained(tmp_path / "model")
+    script = tmp_path / "eval.py"
+    script.write_text(EVAL_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(tmp_path / "model"), str(N_TEST)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert r.returncode == 0, f"stdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-6000:]}"
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    results = sorted(lines, key=lambda d: d["rank"])
+    assert [(d["rank"], d["world"]) for d in results] == [(0, 2), (1, 2)]
+    test = load_dataset("mnist-sample").test
+    single = evaluate(CapsNet.from_pretrained(tmp_path / "model"), Split(test.images[:N_TEST], test.labels[:N_TEST]))
+    for d in results:  # the reduced count is the total, on every rank, and so is the accuracy
+        assert d["n"] == N_TEST
+        assert d["accuracy"] == pytest.approx(single["accuracy"], abs=1e-9)

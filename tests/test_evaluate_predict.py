@@ -7,9 +7,10 @@ from helpers import small_config
 
 from capsnet import CapsNet
 from capsnet.cli import main
-from capsnet.data import load_dataset
+from capsnet.data import Split, load_dataset
 from capsnet.data.images import load_image
-from capsnet.training.evaluate import evaluate, evaluate_checkpoint
+from capsnet.errors import DatasetError
+from capsnet.training.evaluate import check_split, evaluate, evaluate_checkpoint
 from capsnet.training.loop import TrainConfig, train
 
 
@@ -17,11 +18,12 @@ from capsnet.training.loop import TrainConfig, train
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("eval") / "run"
     cfg = TrainConfig(out=str(out), train_subset=128, test_subset=64, batch_size=32, epochs=1, progress=False,
-                      tensorboard=False)  # fmt: skip
+                      tensorboard=False)
     train(cfg, small_config())
     return out
 
 
+@pytest.mark.slow
 def test_evaluate_counts_and_confusion(run_dir):
     r = evaluate_checkpoint(run_dir, dataset="mnist-sample")
     assert r["n"] == 2000
@@ -33,6 +35,7 @@ def test_evaluate_counts_and_confusion(run_dir):
     assert r["per_class"][3] == pytest.approx(conf[3, 3] / counts[3])
 
 
+@pytest.mark.slow
 def test_evaluate_matches_direct_predictions():
     model = CapsNet(config=small_config()).eval()
     split = load_dataset("mnist-sample").test
@@ -42,6 +45,7 @@ def test_evaluate_matches_direct_predictions():
     assert r["accuracy"] == pytest.approx((pred == split.labels).float().mean().item())
 
 
+@pytest.mark.slow
 def test_evaluate_cli_json_and_table(run_dir, capsys):
     assert main(["evaluate", "--checkpoint", str(run_dir), "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
@@ -65,7 +69,7 @@ def test_predict_png_and_jpeg_of_any_size(run_dir, tmp_path, capsys):
     _write_digit(tmp_path / "a.png", split.images[0])
     _write_digit(tmp_path / "b.jpg", split.images[1], invert=True, size=(90, 60))  # dark ink on white, 90x60
     assert main(["predict", "--checkpoint", str(run_dir), str(tmp_path / "a.png"), str(tmp_path / "b.jpg"),
-                 "--json"]) == 0  # fmt: skip
+                 "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert len(rows) == 2
     for row in rows:
@@ -91,3 +95,14 @@ def test_predict_bad_image_one_line(run_dir, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a readable" in err[0]
     assert main(["predict", "--checkpoint", str(run_dir), str(tmp_path / "missing.png")]) == 2
+
+
+def test_check_split_names_the_mismatch():
+    model = CapsNet(config=small_config())
+    test = load_dataset("mnist-sample").test
+    check_split(model, test, source="here")  # fits: no error
+    wrong_size = Split(torch.zeros(2, 1, 30, 30, dtype=torch.uint8), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(DatasetError, match="here: images are 1x30x30, the model expects 1x28x28"):
+        check_split(model, wrong_size, source="here")
+    with pytest.raises(DatasetError, match="here: labels go up to 12, the model has 10 classes"):
+        check_split(model, Split(test.images[:3], torch.tensor([0, 12, 3])), source="here")

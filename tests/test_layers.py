@@ -73,13 +73,13 @@ def test_routing_moves_coupling_towards_agreeing_parent():
     assert c3[0, :, 0].mean() > 0.7
 
 
-def test_router_weight_layout_and_seed_state_dict():
+def test_router_weight_layout_and_labml_state_dict():
     router = Router(1152, 10, 8, 16)
     assert router.weight.shape == (1152, 10, 8, 16)
-    seed_state = {"weight": torch.randn(1152, 10, 8, 16)}
-    router.load_state_dict(seed_state, strict=True)
+    labml_state = {"weight": torch.randn(1152, 10, 8, 16)}  # labml's Router layout
+    router.load_state_dict(labml_state, strict=True)
     u = torch.randn(2, 1152, 8)
-    expected = torch.einsum("ijnm,bin->bijm", seed_state["weight"], u)
+    expected = torch.einsum("ijnm,bin->bijm", labml_state["weight"], u)
     assert torch.allclose(router.votes(u), expected, atol=1e-5)
 
 
@@ -89,8 +89,8 @@ def test_router_init_is_small_and_documented():
     assert default_weight_std(1152) == pytest.approx(0.0295, abs=1e-4)
 
 
-def test_seed_minimal_routing_example():
-    # The seed article's "Minimal Routing Layer Setup", with only the import changed.
+def test_labml_minimal_routing_example():
+    # The "Minimal Routing Layer Setup" of labml's annotated CapsNet, with only the import changed.
     import torch
 
     from capsnet import Router, Squash  # noqa: F401

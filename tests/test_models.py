@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from capsnet import CapsNet, CapsNetConfig, CapsuleDecoder, CheckpointError, ConfigError, load_pretrained
+from capsnet.nn.primary import conv_output_size
 
 
 def test_parameter_counts_match_paper():
@@ -32,6 +33,8 @@ def test_every_parameter_gets_a_finite_gradient():
     loss, parts = model.loss(out, x, y)
     loss.backward()
     assert set(parts) == {"margin", "reconstruction", "total"}
+    assert all(isinstance(v, torch.Tensor) and not v.requires_grad and v.dim() == 0 for v in parts.values())
+    assert torch.equal(parts["total"], loss.detach())
     for name, p in model.named_parameters():
         assert p.grad is not None, name
         assert torch.isfinite(p.grad).all(), name
@@ -87,7 +90,7 @@ def test_reconstruction_reduction_option():
     mean = CapsNet(recon_reduction="mean")
     _, p = paper.loss(paper(x, y), x, y)
     _, m = mean.loss(mean(x, y), x, y)
-    assert p["reconstruction"] == pytest.approx(784 * m["reconstruction"], rel=1e-5)
+    assert p["reconstruction"].item() == pytest.approx(784 * m["reconstruction"].item(), rel=1e-5)
 
 
 def test_bad_images_and_config():
@@ -153,3 +156,21 @@ def test_config_round_trips_as_plain_dict():
     assert from_dict(CapsNetConfig, to_dict(cfg)) == cfg
     with pytest.raises(ConfigError):
         from_dict(CapsNetConfig, {"routing_iterations": "three"})
+
+
+@pytest.mark.parametrize(("image_size", "kernel_size"), [(28, 9), (32, 9), (40, 9), (36, 5), (17, 9)])
+def test_primary_grid_is_the_primary_layers_output_grid(image_size, kernel_size):
+    cfg = CapsNetConfig(image_size=image_size, kernel_size=kernel_size, conv_channels=8, primary_types=2,
+                        routing_iterations=1, decoder=False)
+    model = CapsNet(config=cfg)
+    side = conv_output_size(image_size, kernel_size)  # after conv1
+    assert side == model.conv1(torch.zeros(1, 1, image_size, image_size)).shape[-1]
+    assert model.primary.output_grid(side, side) == (cfg.primary_grid, cfg.primary_grid)
+    u = model.primary(torch.zeros(1, 8, side, side))
+    assert u.shape[1] == cfg.n_primary == 2 * cfg.primary_grid**2
+
+
+def test_too_small_images_are_a_config_error():
+    assert CapsNetConfig(image_size=17).primary_grid == 1  # 17 → 9 → 1
+    with pytest.raises(ConfigError, match="too small"):
+        CapsNetConfig(image_size=16)  # 16 → 8 → none

@@ -66,6 +66,7 @@ def test_partners_are_uniform_over_other_classes():
     assert (counts / counts.sum() - 1 / 3).abs().max() < 0.05
 
 
+@pytest.mark.slow
 def test_task_batches_deterministic_resumable_and_sharded(sample):
     train, test = sample
     task = MultiMNISTTask(train=train, test=test, pairs_per_digit=2)
@@ -93,7 +94,7 @@ def test_two_longest_capsules_metric():
         [0.9, 0.8, 0.1, 0.0],  # top two = {0, 1}
         [0.9, 0.1, 0.8, 0.0],  # top two = {0, 2}
         [0.2, 0.3, 0.1, 0.95],  # top two = {3, 1}
-    ])  # fmt: skip
+    ])
     targets = torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0], [0, 1, 0, 1]], dtype=torch.float)
     assert two_longest_correct(lengths, targets).tolist() == [True, False, True]
 

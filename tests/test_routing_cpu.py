@@ -16,6 +16,8 @@ from capsnet import Router, squash
 from capsnet.routing import dynamic_cpu as routing_cpu
 from capsnet.routing.dynamic import dynamic_routing, route_votes
 
+pytestmark = pytest.mark.slow  # the C++ extension build tier (`make test`; `make check` leaves it out)
+
 
 @pytest.fixture(scope="module")
 def ext():

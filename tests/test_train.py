@@ -25,6 +25,7 @@ def _run(tmp_path: Path, name: str, **kw) -> tuple:
     return cfg, train(cfg, small_config(), **kw)
 
 
+@pytest.mark.slow
 def test_two_epoch_run_writes_every_output(tmp_path):
     cfg, result = _run(tmp_path, "run", train={"tensorboard": True})
     run = tmp_path / "run"
@@ -65,6 +66,7 @@ def test_fused_adam_matches_the_reference_update():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_resumed_run_equals_uninterrupted(tmp_path):
     _, full = _run(tmp_path, "full")
     _, stopped = _run(tmp_path, "resumed", on_step=lambda step: step == 4)  # stop mid-way through epoch 2
@@ -82,6 +84,7 @@ def test_resumed_run_equals_uninterrupted(tmp_path):
             assert ra[key] == pytest.approx(rb[key], rel=1e-9, abs=1e-12), key
 
 
+@pytest.mark.slow
 def test_resume_extends_a_finished_run(tmp_path):
     cfg, _ = _run(tmp_path, "run", train={"epochs": 2})  # decay 0.25 per epoch: lr_end over 2 epochs
     _, result = _run(tmp_path, "run", train={"epochs": 3, "resume": True})
@@ -112,6 +115,7 @@ def test_learning_rate_is_the_models_unless_given():
     assert TrainConfig(model="baseline", lr=3e-4).learning_rate == 3e-4
 
 
+@pytest.mark.slow
 def test_kill_during_checkpoint_write_leaves_previous_checkpoint(tmp_path, monkeypatch):
     _run(tmp_path, "run", train={"epochs": 1})
     run = tmp_path / "run"
@@ -144,9 +148,10 @@ def _cli(*args, cwd=None, env_extra=None):
     env = {**os.environ, **(env_extra or {})}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1] / "src"), env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-m", "capsnet", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=300)  # fmt: skip
+                          env=env, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, needle",
     [
@@ -168,6 +173,7 @@ def test_bad_input_gives_one_line_and_nonzero_exit(args, needle, tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_and_state_give_one_line(tmp_path):
     _run(tmp_path, "run", train={"epochs": 1})
     run = tmp_path / "run"
@@ -182,7 +188,7 @@ def test_corrupt_checkpoint_and_state_give_one_line(tmp_path):
 def test_config_file_and_flags(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("epochs: 1\ntrain_subset: 64\ntest_subset: 32\nbatch_size: 32\nmodel:\n  conv_channels: 16\n"
-                   "  primary_types: 4\n  primary_dim: 4\n  digit_dim: 6\n  decoder_hidden: [32, 64]\n")  # fmt: skip
+                   "  primary_types: 4\n  primary_dim: 4\n  class_dim: 6\n  decoder_hidden: [32, 64]\n")
     code = main(["train", "--config", str(cfg), "--batch-size", "64", "--out", str(tmp_path / "r"), "--no-progress"])
     assert code == 0
     saved = json.loads((tmp_path / "r" / "config.json").read_text())
@@ -190,11 +196,12 @@ def test_config_file_and_flags(tmp_path):
     assert saved["model"]["decoder_hidden"] == [32, 64]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_checkpoint_and_exits_cleanly(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     cmd = [sys.executable, "-m", "capsnet", "train", "--out", str(out), "--epochs", "50", "--train-subset", "64",
-           "--test-subset", "32", "--batch-size", "32", "--no-progress", "--no-tensorboard", *SMALL_FLAGS]  # fmt: skip
+           "--test-subset", "32", "--batch-size", "32", "--no-progress", "--no-tensorboard", *SMALL_FLAGS]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 240
     while not (out / "summary.csv").exists() and time.time() < deadline and proc.poll() is None:
@@ -206,3 +213,84 @@ def test_sigterm_saves_checkpoint_and_exits_cleanly(tmp_path):
     state = load_state(out)
     assert 1 <= state["epoch"] < 50
     CapsNet.from_pretrained(out / "last")
+
+
+def test_model_flags_reach_the_chosen_models_config(tmp_path):
+    from capsnet.cli import build_parser
+    from capsnet.cli.train import configs_from_args
+    from capsnet.models.baseline import BaselineConfig
+
+    flags = ["--dropout", "0.25", "--channels", "8", "8", "--kernel-size", "3", "--no-pool"]
+    args = build_parser().parse_args(["train", "--model", "baseline", *flags])
+    config, model_config = configs_from_args(args)
+    assert config.model == "baseline" and isinstance(model_config, BaselineConfig)
+    assert (model_config.dropout, model_config.channels, model_config.kernel_size) == (0.25, (8, 8), 3)
+    _, capsnet_config = configs_from_args(build_parser().parse_args(["train", "--kernel-size", "5"]))
+    assert capsnet_config.kernel_size == 5  # a shared field: one flag, for whichever model is chosen
+    out = tmp_path / "b"
+    model_flags = ["--dropout", "0.25", "--channels", "8", "8", "4", "--hidden", "16"]
+    run_flags = ["--train-subset", "32", "--test-subset", "16", "--epochs", "1", "--no-progress", "--no-tensorboard"]
+    code = main(["train", "--model", "baseline", *model_flags, *run_flags, "--out", str(out)])
+    assert code == 0
+    saved = json.loads((out / "config.json").read_text())["model"]
+    assert saved["dropout"] == 0.25 and saved["channels"] == [8, 8, 4] and saved["hidden"] == [16]
+    assert BaselineCNN.from_pretrained(out / "last").config.dropout == 0.25
+
+
+@pytest.mark.parametrize(
+    "flags, named", [(["--conv-channels", "8"], "--conv-channels"), (["--no-decoder"], "--decoder"),
+                     (["--recon-weight", "0.1"], "--recon-weight")]
+)
+def test_a_flag_the_model_does_not_take_is_rejected(flags, named, tmp_path, capsys):
+    code = main(["train", "--model", "baseline", *flags, "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"capsnet train: error: {named} is not an option of --model baseline (it takes: ")
+    assert "--dropout" in err[0] and "--kernel-size" in err[0] and not (tmp_path / "r").exists()
+    code = main(["train", "--dropout", "0.1", "--out", str(tmp_path / "r")])  # and the other way round
+    assert code == 2 and "--dropout is not an option of --model capsnet" in capsys.readouterr().err
+
+
+def test_a_config_file_model_key_the_model_does_not_take_is_rejected(tmp_path, capsys):
+    (tmp_path / "m.yaml").write_text("model:\n  conv_channels: 8\n")
+    code = main(["train", "--model", "baseline", "--config", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "'conv_channels' is not an option of --model baseline" in err[0]
+
+
+def test_model_flags_come_from_every_registered_model(monkeypatch):
+    from dataclasses import dataclass, field
+
+    from capsnet.cli import build_parser
+    from capsnet.cli.train import configs_from_args, model_options
+    from capsnet.models import registry
+
+    @dataclass
+    class ToyConfig:
+        n_classes: int = 10  # filled in from the data: no flag
+        kernel_size: int = 3  # shared with CapsNet and the baseline: the same flag
+        width: int = field(default=4, metadata={"help": "toy width"})
+
+    class Toy:
+        config_class = ToyConfig
+
+    monkeypatch.setitem(registry.MODELS, "toy", Toy)
+    options = model_options()
+    assert set(options["kernel_size"].models) == {"capsnet", "baseline", "toy"}
+    assert set(options["width"].models) == {"toy"} and "n_classes" not in options
+    help_text = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    assert "--width" in help_text and "toy width" in help_text
+    args = build_parser().parse_args(["train", "--width", "7"])
+    with pytest.raises(ConfigError, match="--width is not an option of --model capsnet"):
+        configs_from_args(args)
+
+    @dataclass
+    class ClashConfig:
+        kernel_size: float = 3.0  # a flag cannot be an int for one model and a float for another
+
+    class Clash:
+        config_class = ClashConfig
+
+    monkeypatch.setitem(registry.MODELS, "clash", Clash)
+    with pytest.raises(TypeError, match="kernel_size"):
+        model_options()

@@ -13,6 +13,7 @@ from capsnet.data import load_dataset
 from capsnet.errors import CapsNetError, CheckpointError
 from capsnet.viz.figures import (
     PERTURBATION_OFFSETS,
+    confusion_matrix,
     distinct_classes,
     load_capsnet,
     plot_confusion,
@@ -76,6 +77,7 @@ def _pixels(path: Path) -> np.ndarray:
         return np.asarray(im.convert("RGB"), dtype=np.float64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FIGURES)
 def test_figure_is_a_readable_nonblank_png(figures, name):
     path = figures[name]
@@ -90,6 +92,7 @@ def test_figure_is_a_readable_nonblank_png(figures, name):
     assert matplotlib.image.imread(path).shape[:2] == (height, width)
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes_other_seed_other_digits(run_dir, small_data, figures, tmp_path):
     again = visualize(run_dir, tmp_path / "a", data_dir=str(small_data), n=4, n_perturb=2, seed=0, log=print)
     assert set(again) == set(FIGURES)
@@ -102,6 +105,7 @@ def test_same_seed_same_bytes_other_seed_other_digits(run_dir, small_data, figur
     assert path.read_bytes() != figures["reconstructions"].read_bytes()
 
 
+@pytest.mark.slow
 def test_cli_writes_and_prints_every_figure(run_dir, small_data, tmp_path, capsys):
     out = tmp_path / "out"
     rc = main(["visualize", "--checkpoint", str(run_dir), "--data-dir", str(small_data), "--out", str(out),
@@ -113,6 +117,7 @@ def test_cli_writes_and_prints_every_figure(run_dir, small_data, tmp_path, capsy
     assert all(Path(p).read_bytes()[:8] == PNG_SIGNATURE for p in printed)
 
 
+@pytest.mark.slow
 def test_save_pretrained_folder_skips_curves_with_a_note(run_dir, small_data, tmp_path, capsys):
     model_dir = shutil.copytree(run_dir / "best", tmp_path / "model")
     rc = main(["visualize", "--checkpoint", str(model_dir), "--dataset", str(small_data), "--out",
@@ -124,6 +129,7 @@ def test_save_pretrained_folder_skips_curves_with_a_note(run_dir, small_data, tm
     assert len(captured.out.split()) == 4
 
 
+@pytest.mark.slow
 def test_model_without_decoder_skips_reconstruction_figures(small_data, tmp_path):
     CapsNet(decoder=False).save_pretrained(tmp_path / "model")
     notes = []
@@ -226,3 +232,15 @@ def test_missing_matplotlib_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # makes `from matplotlib.figure import` fail
     with pytest.raises(CapsNetError, match=r"pip install 'capsnet\[viz\]'"):
         plot_confusion([[1]], tmp_path / "cm.png")
+
+
+def test_confusion_matrix_counts_predictions_as_evaluate_does(run_dir):
+    model = load_capsnet(run_dir)
+    test = load_dataset("mnist-sample").test
+    cm = confusion_matrix(model, test, batch_size=7, limit=20)
+    with torch.no_grad():
+        pred = model(test.images[:20].float() / 255).predictions
+    expected = torch.zeros(10, 10, dtype=torch.long)
+    for y, p in zip(test.labels[:20].tolist(), pred.tolist()):
+        expected[y, p] += 1
+    assert cm.dtype == torch.long and torch.equal(cm, expected)

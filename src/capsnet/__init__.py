@@ -1,7 +1,6 @@
 """capsnet: Capsule Networks with dynamic routing (Sabour, Frosst & Hinton 2017) for PyTorch."""
 
-__version__ = "0.1.0"
-
+from ._version import __version__
 from .errors import CapsNetError, CheckpointError, ConfigError, DatasetError
 from .models.capsnet import CapsNet, CapsNetConfig, CapsNetOutput
 from .models.pretrained import load_pretrained

@@ -1,7 +1,8 @@
 """Dataclass configs as plain dicts, and command-line flags generated from them.
 
 A config field becomes the flag `--field-name`; its help text comes from `field(metadata={"help": ...})`.
-Configs round-trip through JSON (`asdict` / `from_dict`), so loading a config never needs pickle.
+Configs round-trip through JSON (`asdict` / `from_dict`), so loading a config never needs pickle. A config
+class may rename a field and keep reading the old key: `_renamed_keys = {"old": "new"}` (a DeprecationWarning).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import dataclasses
 import json
 import types
 import typing
+import warnings
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .errors import ConfigError
 
@@ -23,7 +25,8 @@ def from_dict(cls: type[T], data: dict[str, Any], *, what: str = "config") -> T:
     """Build dataclass `cls` from a plain dict, strictly: unknown keys and wrong types are errors."""
     if not isinstance(data, dict):
         raise ConfigError(f"{what}: expected a JSON object, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    data = _rename_keys(data, getattr(cls, "_renamed_keys", {}), what)
+    fields = {f.name: f for f in dataclasses.fields(cast(Any, cls))}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ConfigError(f"{what}: unknown key(s) {', '.join(unknown)}; known: {', '.join(fields)}")
@@ -35,13 +38,33 @@ def from_dict(cls: type[T], data: dict[str, Any], *, what: str = "config") -> T:
         raise ConfigError(f"{what}: {e}") from None
 
 
+def _rename_keys(data: dict[str, Any], renamed: dict[str, str], what: str) -> dict[str, Any]:
+    """Map deprecated keys to their new names, with a DeprecationWarning naming the new key."""
+    old_keys = [k for k in renamed if k in data]
+    if not old_keys:
+        return data
+    data = dict(data)
+    for old in old_keys:
+        new = renamed[old]
+        if new in data:
+            raise ConfigError(f"{what}: both {old!r} and its new name {new!r} are given; keep only {new!r}")
+        warnings.warn(f"{what}: key {old!r} is deprecated, use {new!r}", DeprecationWarning, stacklevel=3)
+        data[new] = data.pop(old)
+    return data
+
+
 def _coerce(tp: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        return _coerce(args[0], value, where)
+        for arg in args[:-1]:  # int | tuple[int, ...]: the first member type that takes the value
+            try:
+                return _coerce(arg, value, where)
+            except ConfigError:
+                pass
+        return _coerce(args[-1], value, where)
     if origin is typing.Literal:
         if value not in typing.get_args(tp):
             raise ConfigError(f"{where}: {value!r} is not one of {list(typing.get_args(tp))}")
@@ -112,30 +135,40 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, *, exclu
     for f in dataclasses.fields(cls):
         if f.name in exclude or not f.init:
             continue
-        tp = hints[f.name]
         help_text = f.metadata.get("help", "")
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        help_text = f"{help_text} (default: {default})" if help_text else f"(default: {default})"
-        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": help_text}
+        help_text = f"{help_text} (default: {field_default(f)})" if help_text else f"(default: {field_default(f)})"
+        add_field_argument(group, f.name, hints[f.name], help_text)
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    """The default value of a dataclass field (calling its default_factory if it has one)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def add_field_argument(group: Any, name: str, tp: Any, help_text: str) -> None:
+    """Add the flag `--name` for a field of type `tp` to `group` (a parser or an argument group), default None."""
+    kwargs: dict[str, Any] = {"dest": name, "default": None, "help": help_text}
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
         origin = typing.get_origin(tp)
-        if origin in (typing.Union, types.UnionType):
-            tp = next(a for a in typing.get_args(tp) if a is not type(None))
-            origin = typing.get_origin(tp)
-        if tp is bool:
-            group.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
-        elif origin is typing.Literal:
-            group.add_argument(_flag(f.name), choices=list(typing.get_args(tp)), **kwargs)
-        elif origin in (tuple, list):
-            (inner, *_) = typing.get_args(tp)
-            group.add_argument(_flag(f.name), type=inner, nargs="+", metavar=f.name.upper(), **kwargs)
-        else:
-            group.add_argument(_flag(f.name), type=tp, metavar=f.name.split("_")[-1].upper(), **kwargs)
+    if tp is bool:
+        group.add_argument(_flag(name), action=argparse.BooleanOptionalAction, **kwargs)
+    elif origin is typing.Literal:
+        group.add_argument(_flag(name), choices=list(typing.get_args(tp)), **kwargs)
+    elif origin in (tuple, list):
+        (inner, *_) = typing.get_args(tp)
+        group.add_argument(_flag(name), type=inner, nargs="+", metavar=name.upper(), **kwargs)
+    else:
+        group.add_argument(_flag(name), type=tp, metavar=name.split("_")[-1].upper(), **kwargs)
 
 
 def dataclass_from_args(cls: type[T], args: argparse.Namespace, base: dict[str, Any] | None = None) -> T:
     """Defaults, then `base` (a config file), then the flags given on the command line."""
     data: dict[str, Any] = dict(base or {})
-    for f in dataclasses.fields(cls):
+    for f in dataclasses.fields(cast(Any, cls)):
         value = getattr(args, f.name, None)
         if value is not None:
             data[f.name] = list(value) if isinstance(value, tuple) else value

@@ -2,6 +2,8 @@
 
 Every error capsnet raises on purpose (`CapsNetError`) ends as one line on stderr and exit status 2;
 Ctrl-C ends with status 130.
+
+May import: anything in capsnet (it is the top layer); nothing in capsnet imports cli.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-from .. import __version__
+from .._version import __version__
 from ..errors import CapsNetError
 
 # (subcommand, module). Each module defines `register(subparsers)`, which adds its parser and
@@ -24,13 +27,14 @@ COMMANDS: list[tuple[str, str]] = [
     ("data", "capsnet.cli.data"),
     ("visualize", "capsnet.cli.visualize"),
     ("reproduce", "capsnet.cli.reproduce"),
+    ("models", "capsnet.cli.models"),
 ]
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and exit status 2) rather than the usage block."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

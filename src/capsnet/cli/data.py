@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
 
+from ..data import sources
 from ..data.datasets import BUNDLED, load_dataset, resolve
-from ..data.download import DATASETS, FILE_NAMES, cache_root, known_md5s, md5_file
+from ..data.download import DATASETS, cache_root, known_md5s, md5_file
 from ..data.idx import find_files, read_idx
+from ..data.imageaug import resolve_augment
 from ..data.split import Split
 from ..errors import DatasetError
+from .data_sources import check_source, class_lines
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,13 +25,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub.required = True
 
     info = sub.add_parser("info", help="image counts, sizes and class histograms per split")
-    info.add_argument("name_or_dir", metavar="NAME_OR_DIR", help=f"a folder of IDX files or one of: {known}")
+    info.add_argument("name_or_dir", metavar="NAME_OR_DIR", help=f"a data folder or .npz file, or one of: {known}")
     info.add_argument("--data-dir", help="folder holding the IDX files (overrides NAME_OR_DIR's location)")
     info.add_argument("--no-download", dest="download", action="store_false", help="never download")
     info.set_defaults(func=cmd_info)
 
-    check = sub.add_parser("check", help="verify each file: IDX structure, counts and known MD5s")
-    check.add_argument("name_or_dir", metavar="NAME_OR_DIR", help=f"a folder of IDX files or one of: {known}")
+    check = sub.add_parser(
+        "check", help="verify each file: IDX structure, counts and known MD5s (exit status 2 if any fails)"
+    )
+    check.add_argument("name_or_dir", metavar="NAME_OR_DIR", help=f"a data folder or .npz file, or one of: {known}")
     check.add_argument("--data-dir", help="folder holding the IDX files (overrides NAME_OR_DIR's location)")
     check.set_defaults(func=cmd_check)
 
@@ -49,11 +55,19 @@ def _histogram_table(rows: list[tuple[str, Split]], n_classes: int) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     ds = load_dataset(args.name_or_dir, data_dir=args.data_dir, download=args.download)
-    print(f"{ds.name}  ({ds.source}, {ds.n_classes} classes; columns 0..{ds.n_classes - 1}: images per class)")
     rows = [(n, s) for n, s in (("train", ds.train), ("test", ds.test)) if s is not None]
-    print(_histogram_table(rows, ds.n_classes))
+    if ds.class_names or ds.n_classes > 10:  # a row per class, with its name
+        print(f"{ds.name}  ({ds.source}, {ds.n_classes} classes)")
+        print("  ".join(f"{n}: {len(s)} images" for n, s in rows) + "  of " + "×".join(map(str, ds.image_shape)))
+        print("\n".join(class_lines(ds)))
+    else:
+        print(f"{ds.name}  ({ds.source}, {ds.n_classes} classes; columns 0..{ds.n_classes - 1}: images per class)")
+        print(_histogram_table(rows, ds.n_classes))
     if ds.train is None:
         print("(test-only folder: no train split)")
+    spec = resolve_augment("auto", ds.kind or "idx")
+    crop = f"; test images centre-cropped to {spec.crop[0]}x{spec.crop[1]}" if spec.crop else ""
+    print(f"augmentation (default): {spec}{crop} (capsnet train --augment changes it)")
     return 0
 
 
@@ -87,12 +101,14 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"{name} is not downloaded; expected it in {cache_root() / name} "
             f"(run something that loads it, or pass --data-dir)"
         )
-    files = find_files(folder)
-    if not files:
-        raise DatasetError(f"{folder}: none of {', '.join(FILE_NAMES)} (optionally .gz) is here")
+    files = find_files(folder) if folder.is_dir() else {}
     # Known sets must match their published checksums; other folders are only compared for info.
-    by_name = args.data_dir is None and not Path(args.name_or_dir).expanduser().is_dir()
+    by_name = args.data_dir is None and not Path(args.name_or_dir).expanduser().exists()
     strict = by_name and (name == BUNDLED or name in DATASETS)
+    if not files:
+        fmt = sources.detect(folder)  # DatasetError naming the formats looked for, if none
+        print(f"{name}  ({source}, {fmt})")
+        return _finish(check_source(name, folder, fmt, strict=strict), folder)
     print(f"{name}  ({source})")
     all_ok, counts = True, {}
     for base, path in files.items():
@@ -115,5 +131,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     if "t10k-images-idx3-ubyte" not in files and "t10k-labels-idx1-ubyte" not in files:
         all_ok = False
         print("FAIL  t10k pair  missing: every data set needs a test split")
-    print("all files OK" if all_ok else "problems found")
-    return 0 if all_ok else 1
+    return _finish(all_ok, folder)
+
+
+def _finish(all_ok: bool, folder: Path) -> int:
+    if all_ok:
+        print("all files OK")
+        return 0
+    print(f"capsnet data: error: problems found in {folder} (the FAIL lines above)", file=sys.stderr)
+    return 2  # bad input, as for every other error

@@ -10,7 +10,9 @@ from ..training.evaluate import evaluate_checkpoint
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("evaluate", help="accuracy, per-class accuracy and confusion matrix of a checkpoint")
-    p.add_argument("--checkpoint", required=True, help="run folder (uses best/) or save_pretrained folder")
+    p.add_argument("--checkpoint", required=True, action="append",
+                   help="run folder (uses best/) or save_pretrained folder; repeat it to evaluate an ensemble that "
+                   "averages the capsule lengths (the paper's CIFAR-10 ensemble, §7)")  # fmt: skip
     p.add_argument("--dataset", default="mnist-sample", help="data set name or folder (default: mnist-sample)")
     p.add_argument("--data-dir", default=None, help="folder with MNIST-format IDX files")
     p.add_argument("--split", choices=["test", "train"], default="test")
@@ -22,16 +24,21 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     r = evaluate_checkpoint(
-        args.checkpoint, dataset=args.dataset, data_dir=args.data_dir, split=args.split,
-        batch_size=args.batch_size, device=args.device,
-    )  # fmt: skip
+        args.checkpoint if len(args.checkpoint) > 1 else args.checkpoint[0], dataset=args.dataset,
+        data_dir=args.data_dir, split=args.split, batch_size=args.batch_size, device=args.device,
+    )
     if args.json:
         print(json.dumps(r))
         return 0
     k = len(r["per_class"])
     print(f"{r['dataset']} {r['split']}: accuracy {r['accuracy']:.4f} ({r['n']} images), "
-          f"error {100 * (1 - r['accuracy']):.2f}%")  # fmt: skip
-    print("per-class accuracy: " + "  ".join(f"{j}:{a:.3f}" for j, a in enumerate(r["per_class"])))
+          f"error {100 * (1 - r['accuracy']):.2f}%")
+    if len(args.checkpoint) > 1:
+        print(f"ensemble of {len(args.checkpoint)} checkpoints (capsule lengths averaged)")
+    names = r.get("class_names") or [str(j) for j in range(k)]
+    print("per-class accuracy: " + "  ".join(f"{n}:{a:.3f}" for n, a in zip(names, r["per_class"])))
+    if any(n != str(j) for j, n in enumerate(names)):
+        print("classes: " + "  ".join(f"{j}={n}" for j, n in enumerate(names)))
     print("confusion matrix (rows: true, columns: predicted)")
     print("      " + "".join(f"{j:>6d}" for j in range(k)))
     for i, row in enumerate(r["confusion"]):

@@ -25,5 +25,6 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(r))
         else:
             lengths = " ".join(f"{j}:{x:.3f}" for j, x in enumerate(r["lengths"]))
-            print(f"{r['image']}: class {r['class']}  (capsule lengths {lengths})")
+            name = f" ({r['name']})" if r["name"] != str(r["class"]) else ""
+            print(f"{r['image']}: class {r['class']}{name}  (capsule lengths {lengths})")
     return 0

@@ -1,37 +1,125 @@
-"""`capsnet train`: flags generated from TrainConfig and CapsNetConfig, or a --config file."""
+"""`capsnet train`: flags generated from TrainConfig and every registered model's config, or a --config file.
+
+A model option is one flag, `--field-name`, shared by the models whose configs have a field of that name (their
+types must agree). A flag that the chosen `--model` does not take is an error, not silently ignored.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import typing
+from typing import Any
 
-from ..config import add_dataclass_arguments, dataclass_from_args, load_config_file
+from ..config import (
+    add_dataclass_arguments,
+    add_field_argument,
+    dataclass_from_args,
+    field_default,
+    load_config_file,
+)
 from ..errors import ConfigError
-from ..models.capsnet import CapsNetConfig
+from ..models.registry import MODELS
 from ..training.loop import DATA_FIELDS, TrainConfig, train
+
+
+@dataclasses.dataclass
+class ModelOption:
+    """One model flag: the field's type and, per model that takes it, (help text, default)."""
+
+    name: str
+    type: Any
+    models: dict[str, tuple[str, Any]]
+
+
+def model_options() -> dict[str, ModelOption]:
+    """Every registered model's config fields (except those the data set fills in), merged by name."""
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    options: dict[str, ModelOption] = {}
+    for model_name, cls in MODELS.items():
+        config_class = cls.config_class
+        hints = typing.get_type_hints(config_class)
+        for f in dataclasses.fields(config_class):
+            if f.name in DATA_FIELDS or not f.init:
+                continue
+            if f.name in train_fields:
+                raise TypeError(f"{config_class.__name__}.{f.name} clashes with the TrainConfig field of that name")
+            option = options.setdefault(f.name, ModelOption(f.name, hints[f.name], {}))
+            if option.type != hints[f.name]:
+                other = ", ".join(option.models)
+                raise TypeError(
+                    f"field {f.name!r} is {hints[f.name]} in {config_class.__name__} but {option.type} "
+                    f"in the config of {other}: one flag cannot take both"
+                )
+            option.models[model_name] = (f.metadata.get("help", ""), field_default(f))
+    return options
+
+
+def _help(option: ModelOption) -> str:
+    """`text (default: 9)` for one model; for several, each model's text (when they differ) and default."""
+    (text, default), *others = option.models.values()
+    if not others:
+        return f"{text} (default: {default})"
+    if all(t == text for t, _ in others):
+        return f"{text} (default {'; '.join(f'{m}: {d}' for m, (_, d) in option.models.items())})"
+    return "; ".join(f"{m}: {t} (default: {d})" for m, (t, d) in option.models.items())
+
+
+def flags_of(model: str) -> list[str]:
+    """The model flags that `--model MODEL` takes."""
+    return ["--" + name.replace("_", "-") for name, o in model_options().items() if model in o.models]
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train a CapsNet (the paper's MNIST recipe by default)")
     p.add_argument("--config", dest="config_file", help="YAML or JSON file of TrainConfig keys (+ 'model': {...})")
     add_dataclass_arguments(p, TrainConfig)
-    add_dataclass_arguments(p, CapsNetConfig, exclude=DATA_FIELDS)
+    groups: dict[tuple[str, ...], Any] = {}
+    for option in model_options().values():
+        takers = tuple(option.models)
+        if takers not in groups:
+            title = f"model options (--model {' or '.join(takers)})"
+            groups[takers] = p.add_argument_group(title)
+        add_field_argument(groups[takers], option.name, option.type, _help(option))
     p.set_defaults(func=run)
 
 
-def configs_from_args(args: argparse.Namespace) -> tuple[TrainConfig, CapsNetConfig]:
+def configs_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Any]:
+    """The TrainConfig and the chosen model's config: defaults, then the --config file, then the flags.
+
+    A model flag (or a key under the file's `model:`) that the chosen model does not take is a ConfigError.
+    """
     base = load_config_file(args.config_file) if args.config_file else {}
     model_base = base.pop("model", {}) or {}
     if not isinstance(model_base, dict):
         raise ConfigError(f"{args.config_file}: 'model' must be a mapping")
-    return dataclass_from_args(TrainConfig, args, base), dataclass_from_args(CapsNetConfig, args, model_base)
+    config = dataclass_from_args(TrainConfig, args, base)
+    config_class = MODELS[config.model].config_class
+    takes = {f.name for f in dataclasses.fields(config_class)}
+    old_keys = set(getattr(config_class, "_renamed_keys", {}))  # deprecated names a config file may still use
+    for name in model_options():
+        if getattr(args, name, None) is not None and name not in takes:
+            _reject(f"--{name.replace('_', '-')}", config.model)
+    for key in model_base:
+        if key not in takes | old_keys:
+            _reject(f"{args.config_file}: model key {key!r}", config.model)
+    # The data set fills in the data fields (TrainConfig.image_size, a conversion, is not the model's image_size).
+    model_args = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in DATA_FIELDS})
+    return config, dataclass_from_args(config_class, model_args, model_base)
+
+
+def _reject(what: str, model: str) -> None:
+    raise ConfigError(f"{what} is not an option of --model {model} (it takes: {', '.join(flags_of(model))})")
 
 
 def run(args: argparse.Namespace) -> int:
     config, model_config = configs_from_args(args)
-    result = train(config, model_config if config.model == "capsnet" else None)
+    result = train(config, model_config)
     if result.interrupted:
         return 128 + result.signal if result.signal else 130
     if result.is_main:
-        print(f"done: best test accuracy {result.best_test_acc:.4f}; outputs in {result.run_dir}/ "
-              f"(best/, last/, summary.csv, config.json)")  # fmt: skip
+        print(
+            f"done: best test accuracy {result.best_test_acc:.4f}; outputs in {result.run_dir}/ "
+            "(best/, last/, summary.csv, config.json)"
+        )
     return 0

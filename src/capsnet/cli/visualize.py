@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
+from ..models.pretrained import CONFIG_NAME
+from ..training.checkpoint import resolve_checkpoint
 from ..viz.figures import visualize
 
 
@@ -47,4 +50,17 @@ def run(args: argparse.Namespace) -> int:
     )
     for path in written.values():
         print(path)
+    names = _class_names(args.checkpoint)
+    if names:  # the names the model recorded from its training data (the figures show class indices)
+        print("classes: " + "  ".join(f"{k}={name}" for k, name in enumerate(names)))
     return 0
+
+
+def _class_names(checkpoint: str) -> list[str]:
+    folder = resolve_checkpoint(checkpoint)
+    try:
+        meta = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    names = meta.get("config", {}).get("class_names") if isinstance(meta, dict) else None
+    return [str(n) for n in names] if isinstance(names, list) else []

@@ -1,7 +1,9 @@
 """Batch augmentation with plain torch ops (no torchvision), vectorized over the batch.
 
-Both functions run on the device of `x` and are reproducible under a seeded `torch.Generator`
-(random numbers are drawn on the generator's device, then moved to `x`'s).
+Two geometric primitives, used by the augmentations here and by the experiments' data (MultiMNIST pairs, expanded
+MNIST, the affNIST-style test set): :func:`place_on_canvas` (integer translation, one gather) and
+:func:`affine_warp` (bilinear affine warp). The random functions run on the device of `x` and are reproducible
+under a seeded `torch.Generator` (random numbers are drawn on the generator's device, then moved to `x`'s).
 """
 
 from __future__ import annotations
@@ -24,6 +26,28 @@ def _uniform(n: int, low: float, high: float, generator: torch.Generator | None)
     return torch.rand(n, generator=generator, device=device) * (high - low) + low
 
 
+def place_on_canvas(
+    x: torch.Tensor, top: torch.Tensor, left: torch.Tensor, size: int | tuple[int, int]
+) -> torch.Tensor:
+    """Paste each image x[b] [C, h, w] with its top-left corner at (top[b], left[b]) of a black canvas.
+
+    x [B, C, h, w] or [B, h, w]; top, left int [B], any values (parts falling outside the canvas are cut off);
+    size: the canvas side, or (height, width). Returns [B, C, height, width] (or [B, height, width]).
+    One gather for the whole batch: canvas pixel (y, x) reads image pixel (y - top, x - left), zero outside.
+    """
+    xb, squeezed = _as_batch(x)
+    b, _, h, w = xb.shape
+    height, width = (size, size) if isinstance(size, int) else size
+    top, left = top.to(x.device).long(), left.to(x.device).long()
+    rows = torch.arange(height, device=x.device)[None, :] - top[:, None]  # image row of each canvas row  [B, H]
+    cols = torch.arange(width, device=x.device)[None, :] - left[:, None]  # image column of each canvas column  [B, W]
+    inside = ((rows >= 0) & (rows < h))[:, :, None, None] & ((cols >= 0) & (cols < w))[:, None, :, None]
+    batch = torch.arange(b, device=x.device)[:, None, None]
+    pixels = xb.permute(0, 2, 3, 1)[batch, rows.clamp(0, h - 1)[:, :, None], cols.clamp(0, w - 1)[:, None, :]]
+    out = torch.where(inside, pixels, pixels.new_zeros(())).permute(0, 3, 1, 2).contiguous()  # [B, C, H, W]
+    return out.squeeze(1) if squeezed else out
+
+
 def random_shift(x: torch.Tensor, max_shift: int, *, generator: torch.Generator | None = None) -> torch.Tensor:
     """Translate each image by its own random integer offset in [-max_shift, max_shift] on both axes.
 
@@ -38,14 +62,7 @@ def random_shift(x: torch.Tensor, max_shift: int, *, generator: torch.Generator 
     m = int(max_shift)
     device = generator.device if generator is not None else torch.device("cpu")
     shifts = torch.randint(-m, m + 1, (2, b), generator=generator, device=device).to(x.device)
-    dy, dx = shifts[0], shifts[1]
-    # Zero-pad by m, then gather output pixel (y, x) from padded (y - dy + m, x - dx + m): one
-    # advanced-indexing op for the whole batch instead of a loop over images.
-    padded = F.pad(xb, (m, m, m, m)).permute(0, 2, 3, 1)  # [B, H+2m, W+2m, C]
-    rows = torch.arange(h, device=x.device)[None, :] - dy[:, None] + m  # [B, H]
-    cols = torch.arange(w, device=x.device)[None, :] - dx[:, None] + m  # [B, W]
-    batch = torch.arange(b, device=x.device)[:, None, None]
-    out = padded[batch, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2).contiguous()
+    out = place_on_canvas(xb, shifts[0], shifts[1], (h, w))  # output pixel (y, x) = input (y - dy, x - dx)
     return out.squeeze(1) if squeezed else out
 
 
@@ -84,23 +101,43 @@ def random_affine(
     rot = torch.stack([torch.stack([cos, -sin], -1), torch.stack([sin, cos], -1)], -2)
     shear_m = torch.eye(2, device=angle.device).repeat(b, 1, 1)
     shear_m[:, 0, 1] = sh
-    m = rot @ shear_m * zoom[:, None, None]
-    # affine_grid wants the inverse, in normalized coordinates ([-1, 1] spans each image):
-    # u_in = D_in^-1 M^-1 (D_out u_out - t), with D = diag(width/2, height/2).
-    m_inv = torch.linalg.inv(m)
-    d_in_inv = torch.diag(torch.tensor([2.0 / w, 2.0 / h], device=angle.device))
-    d_out = torch.diag(torch.tensor([ow / 2.0, oh / 2.0], device=angle.device))
-    lin = d_in_inv @ m_inv @ d_out
-    shift = -(d_in_inv @ m_inv @ torch.stack([tx, ty], -1)[:, :, None])
-    theta = torch.cat([lin, shift], -1).to(x.device)
-
-    src = xb if xb.is_floating_point() else xb.float()
-    grid = F.affine_grid(theta.to(src.dtype), [b, src.shape[1], oh, ow], align_corners=False)
-    out = F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-    if not xb.is_floating_point():
-        info = torch.iinfo(xb.dtype)
-        out = out.round_().clamp_(info.min, info.max).to(xb.dtype)
+    out = affine_warp(xb, rot @ shear_m * zoom[:, None, None], torch.stack([tx, ty], -1), out_size=out_size)
     return out.squeeze(1) if squeezed else out
 
 
-__all__ = ["random_affine", "random_shift"]
+def affine_warp(
+    x: torch.Tensor, matrix: torch.Tensor, translation: torch.Tensor | None = None, *, out_size: int | None = None
+) -> torch.Tensor:
+    """Warp each image x[b] [C, h, w] by its own affine map p_out = M_b p_in + t_b (bilinear, zero outside).
+
+    Points p are pixel coordinates (x right, y down) centred on each image; matrix [B, 2, 2], translation
+    [B, 2] in pixels (x, y) or None. out_size: side of a square output canvas (default: the input size), the
+    image at its centre at its own pixel scale. The sampling grid is computed in `matrix`'s dtype.
+    Integer inputs come back rounded to the same dtype; float inputs stay float.
+    """
+    b, _, h, w = x.shape
+    oh, ow = (out_size, out_size) if out_size is not None else (h, w)
+    if b == 0:
+        return x.new_zeros((0, x.shape[1], oh, ow))
+    # affine_grid wants the inverse, in normalized coordinates ([-1, 1] spans each image):
+    # u_in = D_in⁻¹ M⁻¹ (D_out u_out - t), with D = diag(width/2, height/2).
+    m_inv = torch.linalg.inv(matrix)  # [B, 2, 2]
+    ratio = torch.tensor([[ow / w, oh / w], [ow / h, oh / h]], dtype=matrix.dtype, device=matrix.device)
+    lin = m_inv * ratio  # D_in⁻¹ M⁻¹ D_out: entry (i, j) scaled by out_j / in_i
+    if translation is None:
+        shift = torch.zeros(b, 2, 1, dtype=matrix.dtype, device=matrix.device)
+    else:
+        d_in_inv = torch.tensor([2.0 / w, 2.0 / h], dtype=matrix.dtype, device=matrix.device)
+        shift = -(d_in_inv[:, None] * (m_inv @ translation.to(matrix)[:, :, None]))
+    theta = torch.cat([lin, shift], -1).to(x.device)  # [B, 2, 3]
+
+    src = x if x.is_floating_point() else x.float()
+    grid = F.affine_grid(theta.to(src.dtype), [b, src.shape[1], oh, ow], align_corners=False)
+    out = F.grid_sample(src, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    if not x.is_floating_point():
+        info = torch.iinfo(x.dtype)
+        out = out.round_().clamp_(info.min, info.max).to(x.dtype)
+    return out
+
+
+__all__ = ["affine_warp", "place_on_canvas", "random_affine", "random_shift"]

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from .split import Split
+from .split import Split, to_float
 
 
 def num_batches(n: int, *, batch_size: int, world_size: int = 1, drop_last: bool = False) -> int:
@@ -21,12 +21,13 @@ def _epoch_seed(seed: int, epoch: int) -> int:
     return int(np.random.SeedSequence([seed & (2**63 - 1), epoch & (2**63 - 1)]).generate_state(1, np.uint64)[0])
 
 
-def _shard(n: int, *, shuffle: bool, seed: int, epoch: int, rank: int, world_size: int, drop_last: bool):
-    if shuffle:
-        g = torch.Generator().manual_seed(_epoch_seed(seed, epoch))
-        order = torch.randperm(n, generator=g)
-    else:
-        order = torch.arange(n)
+def shard_indices(order: torch.Tensor, *, rank: int, world_size: int, drop_last: bool = False) -> torch.Tensor:
+    """Rank `rank`'s share of the indices `order` [n]: every world_size-th one, starting at `rank`.
+
+    So that every rank gets the same number, the end wraps around to the start (or, with drop_last, the
+    remainder is dropped): n = 5, world_size = 2 gives ranks [o0, o2, o4] and [o1, o3, o0].
+    """
+    n = len(order)
     if drop_last:
         order = order[: (n // world_size) * world_size]
     else:
@@ -34,6 +35,23 @@ def _shard(n: int, *, shuffle: bool, seed: int, epoch: int, rank: int, world_siz
         if total > n:  # wrap around so every rank has the same number of examples
             order = torch.cat([order] * (-(-total // n)))[:total]
     return order[rank::world_size]
+
+
+def _shard(n: int, *, shuffle: bool, seed: int, epoch: int, rank: int, world_size: int, drop_last: bool):
+    if shuffle:
+        g = torch.Generator().manual_seed(_epoch_seed(seed, epoch))
+        order = torch.randperm(n, generator=g)
+    else:
+        order = torch.arange(n)
+    return shard_indices(order, rank=rank, world_size=world_size, drop_last=drop_last)
+
+
+def epoch_indices(
+    n: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
+    drop_last: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """This rank's example indices for `epoch`, in the order `iterate_batches` visits them (on the CPU)."""
+    return _shard(n, shuffle=shuffle, seed=seed, epoch=epoch, rank=rank, world_size=world_size, drop_last=drop_last)
 
 
 def iterate_batches(
@@ -58,15 +76,16 @@ def iterate_batches(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    opts = {"shuffle": shuffle, "seed": seed, "epoch": epoch, "drop_last": drop_last}
-    idx = _shard(len(split), rank=rank, world_size=world_size, **opts)
+    idx = _shard(len(split), rank=rank, world_size=world_size, shuffle=shuffle, seed=seed, epoch=epoch,
+                 drop_last=drop_last)
     return _batches(split, idx, batch_size=batch_size, drop_last=drop_last, device=torch.device(device))
 
 
 def _batches(split: Split, idx: torch.Tensor, *, batch_size: int, drop_last: bool, device: torch.device):
     stop = (len(idx) // batch_size) * batch_size if drop_last else len(idx)
+    idx = idx.to(split.images.device)  # a split already on the device is indexed there (one copy per epoch)
     for start in range(0, stop, batch_size):
         take = idx[start : start + batch_size]
         # Move uint8 (4× smaller than float) and convert on the device.
-        images = split.images[take].to(device, non_blocking=True).float().div_(255.0)
+        images = to_float(split.images[take].to(device, non_blocking=True))
         yield images, split.labels[take].to(device, non_blocking=True)

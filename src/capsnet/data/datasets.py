@@ -1,8 +1,9 @@
-"""Finding and loading data sets: a folder, the bundled sample, or a known set from the cache or its mirrors.
+"""Finding and loading data sets: a folder or file, the bundled sample, or a known set from the cache or its mirrors.
 
-A data set is a folder holding `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`,
-`t10k-images-idx3-ubyte` and `t10k-labels-idx1-ubyte` (each optionally gzipped). Sets are held in
-memory as uint8 tensors and converted to float on the training device, batch by batch.
+A path is read by the reader its content calls for (:mod:`capsnet.data.sources`): MNIST-format IDX files
+(`train-images-idx3-ubyte`, ... each optionally gzipped), a .npz, CIFAR-10/100 binary files, SVHN .mat files,
+smallNORB binary matrices, or a folder of class folders of images. Sets are held in memory (large image folders
+memory-mapped) as uint8 tensors and converted to float on the training device, batch by batch.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import os
 from pathlib import Path
 
 from ..errors import DatasetError
-from .download import DATASETS, FILE_NAMES, cache_root, missing_files_message
+from . import sources
+from .download import DATASETS, cache_root, missing_files_message
 from .download import download as _download
-from .idx import find_files, load_idx_folder
 from .split import Dataset
 
 BUNDLED = "mnist-sample"
@@ -23,11 +24,21 @@ _BUNDLED_DIR = Path(__file__).resolve().parent / "files" / BUNDLED
 _CACHE: dict[tuple, Dataset] = {}
 
 
-def _load_cached(folder: Path, *, name: str, source: str) -> Dataset:
-    stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in find_files(folder).values())
-    key = (str(folder.resolve()), name, source, stamp)
+def _load_cached(folder: Path, *, name: str, source: str, fmt: str | None = None, **options) -> Dataset:
+    fmt = fmt or sources.detect(folder)
+    if fmt == "folder":  # image folders keep their own on-disk cache, keyed on every file
+        return sources.load(folder, fmt, name=name, source=source, **options)
+    if folder.is_file():
+        files = [folder]
+    elif fmt == "idx":
+        files = sorted(sources.find_files(folder).values())
+    else:  # the folder's own files, and those of the subfolders the CIFAR archives unpack into
+        dirs = [folder, *(folder / sub for sub in sources.cifar.SUBFOLDERS.values())]
+        files = sorted(p for d in dirs if d.is_dir() for p in d.iterdir() if p.is_file())
+    stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    key = (str(folder.resolve()), name, source, fmt, tuple(sorted(options.items())), stamp)
     if key not in _CACHE:
-        _CACHE[key] = load_idx_folder(folder, name=name, source=source)
+        _CACHE[key] = sources.load(folder, fmt, name=name, source=source, **options)
     return _CACHE[key]
 
 
@@ -48,14 +59,16 @@ def resolve(
     if path.is_dir():
         return path.resolve().name, path, str(path)
     if path.exists():
-        raise DatasetError(f"{name_or_dir}: is a file; give the folder that holds the IDX files")
+        if path.is_file() and sources.npz.is_npz(path):
+            return path.stem, path, str(path)
+        raise DatasetError(f"{name_or_dir}: is a file but not a .npz; give a .npz or the folder that holds the data")
     if name_or_dir == BUNDLED:
         return BUNDLED, _BUNDLED_DIR, "bundled"
     if name_or_dir in DATASETS:
         cached = cache_root(cache_dir) / name_or_dir
         candidates = [cached, *(Path(d) for d in DATASETS[name_or_dir].get("system_dirs", []))]
         for folder in candidates:
-            if len(find_files(folder)) == len(FILE_NAMES):
+            if sources.complete(name_or_dir, folder):
                 return name_or_dir, folder, str(folder)
         return name_or_dir, None, str(cached)
     known = ", ".join([BUNDLED, *DATASETS])
@@ -71,16 +84,19 @@ def load_dataset(
     download: bool = True,
     cache_dir: str | None = None,
     mirrors: list[str] | None = None,
+    **options,
 ) -> Dataset:
-    """Load a data set: a folder (`data_dir`, or `name_or_dir` if it is one), the bundled
-    "mnist-sample", or a known set ("mnist", "fashion-mnist", "kmnist") from the cache, a system
-    folder or, failing those and if `download`, from its mirrors into the cache."""
+    """Load a data set: a folder or .npz (`data_dir`, or `name_or_dir` if it is one), the bundled
+    "mnist-sample", or a known set ("mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "svhn",
+    "smallnorb") from the cache, a system folder or, failing those and if `download`, from its mirrors into the
+    cache. `options` go to the reader (:func:`capsnet.data.sources.load`): for image folders image_size ("H" or
+    "HxW"), channels (1|3), val_fraction, seed, strict; for SVHN extra=True."""
     name, folder, source = resolve(name_or_dir, data_dir=data_dir, cache_dir=cache_dir)
     if folder is None:
         folder = Path(source)
         if not download:
             raise DatasetError(f"{name} is not downloaded (download disabled); " + missing_files_message(name, folder))
         _download(name, folder, mirrors=mirrors)
-    return _load_cached(folder, name=name, source=source)
+    return _load_cached(folder, name=name, source=source, **options)
 
 

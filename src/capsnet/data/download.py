@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import tarfile
 import time
 import urllib.error
 import urllib.request
@@ -81,6 +82,54 @@ DATASETS: dict[str, dict[str, Any]] = {
         },
         "mirrors": ["http://codh.rois.ac.jp/kmnist/dataset/kmnist/"],
         "counts": (60000, 10000),
+    },
+    # Sets in other formats ("format": the reader, capsnet.data.sources). A tar archive listed under "extract" is
+    # fetched, its named members copied out (nothing else, no paths), and the archive deleted.
+    # - CIFAR-10/100 binary versions: the MD5s in the table of https://www.cs.toronto.edu/~kriz/cifar.html.
+    # - SVHN: torchvision's `SVHN.split_list` (github.com/pytorch/vision, torchvision/datasets/svhn.py).
+    # - smallNORB: the "full" hashes of nmichlo/disent (disent/dataset/data/_groundtruth__norb.py).
+    "cifar10": {
+        "format": "cifar10",
+        "files": {"cifar-10-binary.tar.gz": "c32a1d4ab5d03f1284b67883e8d87530"},
+        "extract": {
+            "cifar-10-binary.tar.gz": [
+                *(f"data_batch_{i}.bin" for i in range(1, 6)), "test_batch.bin", "batches.meta.txt",
+            ],
+        },
+        "mirrors": ["https://www.cs.toronto.edu/~kriz/"],
+        "counts": (50000, 10000),
+    },
+    "cifar100": {
+        "format": "cifar100",
+        "files": {"cifar-100-binary.tar.gz": "03b5dce01913d631647c71ecec9e9cb8"},
+        "extract": {
+            "cifar-100-binary.tar.gz": ["train.bin", "test.bin", "fine_label_names.txt", "coarse_label_names.txt"],
+        },
+        "mirrors": ["https://www.cs.toronto.edu/~kriz/"],
+        "counts": (50000, 10000),
+    },
+    "svhn": {
+        "format": "svhn",
+        "files": {
+            "train_32x32.mat": "e26dedcc434d2e4c54c9b2d4a06d8373",
+            "test_32x32.mat": "eb5a983be6a315427106f1b164d9cef3",
+        },
+        "optional": {"extra_32x32.mat": "a93ce644f1a588dc4d68dda5feec44a7"},
+        "mirrors": ["http://ufldl.stanford.edu/housenumbers/"],
+        "counts": (73257, 26032),
+    },
+    "smallnorb": {
+        "format": "smallnorb",
+        "files": {
+            "smallnorb-5x46789x9x18x6x2x96x96-training-dat.mat.gz": "66054832f9accfe74a0f4c36a75bc0a2",
+            "smallnorb-5x46789x9x18x6x2x96x96-training-cat.mat.gz": "23c8b86101fbf0904a000b43d3ed2fd9",
+            "smallnorb-5x46789x9x18x6x2x96x96-training-info.mat.gz": "51dee1210a742582ff607dfd94e332e3",
+            "smallnorb-5x01235x9x18x6x2x96x96-testing-dat.mat.gz": "e4ad715691ed5a3a5f138751a4ceb071",
+            "smallnorb-5x01235x9x18x6x2x96x96-testing-cat.mat.gz": "5aa791cd7e6016cf957ce9bdb93b8603",
+            "smallnorb-5x01235x9x18x6x2x96x96-testing-info.mat.gz": "a9454f3864d7fd4bb3ea7fc3eb84924e",
+        },
+        "mirrors": ["https://cs.nyu.edu/~ylclab/data/norb-v1.0-small/"],
+        "counts": (24300, 24300),
     },
 }
 
@@ -199,7 +248,10 @@ def download(name: str, folder: Path, *, mirrors: list[str] | None = None) -> No
     urls = mirror_list(name, mirrors)
     for file_name, md5 in DATASETS[name]["files"].items():
         dest = folder / file_name
-        if dest.exists() or (folder / file_name.removesuffix(".gz")).exists():
+        members = DATASETS[name].get("extract", {}).get(file_name)
+        if members is not None and all((folder / m).is_file() for m in members):
+            continue
+        if members is None and (dest.exists() or (folder / file_name.removesuffix(".gz")).exists()):
             continue
         problems = fetch(file_name, dest, md5, urls)
         if problems:
@@ -207,3 +259,29 @@ def download(name: str, folder: Path, *, mirrors: list[str] | None = None) -> No
                 f"could not download {name} ({file_name}: {'; '.join(problems)}); "
                 + missing_files_message(name, folder)
             )
+        if members is not None:
+            extract_members(dest, folder, members)
+            dest.unlink()
+
+
+def extract_members(archive: Path, folder: Path, members: list[str]) -> None:
+    """Copy the regular files of tar `archive` whose base names are in `members` into `folder`, each atomically.
+
+    Only those names are written, flat into `folder` (no member path is ever used as a path), never links.
+    """
+    wanted, found = set(members), set()
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            for info in tar:
+                base = info.name.rsplit("/", 1)[-1]
+                if info.isfile() and base in wanted and base not in found:
+                    src = tar.extractfile(info)
+                    assert src is not None  # a regular file (info.isfile()) always has its contents
+                    with atomic_open(folder / base, "wb") as out:
+                        for chunk in iter(lambda: src.read(_CHUNK), b""):  # noqa: B023
+                            out.write(chunk)
+                    found.add(base)
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise DatasetError(f"{archive}: not a readable tar archive ({e})") from None
+    if found != wanted:
+        raise DatasetError(f"{archive}: lacks {', '.join(sorted(wanted - found))}")

@@ -105,4 +105,4 @@ def load_idx_folder(folder: Path, *, name: str, source: str) -> Dataset:
     train = _load_pair(*pairs["train"]) if "train" in pairs else None
     test = _load_pair(*pairs["t10k"])
     top = max(int(s.labels.max()) for s in (train, test) if s is not None and len(s))
-    return Dataset(name=name, source=source, train=train, test=test, n_classes=max(10, top + 1))
+    return Dataset(name=name, source=source, train=train, test=test, n_classes=max(10, top + 1), digits=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CapsNetError, DatasetError
+from .split import to_float
 
 
 def load_image(path: str | Path, *, size: int = 28, channels: int = 1) -> torch.Tensor:
@@ -39,5 +40,27 @@ def load_image(path: str | Path, *, size: int = 28, channels: int = 1) -> torch.
     img = img.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.Resampling.LANCZOS)
     canvas = Image.new(img.mode, (size, size))
     canvas.paste(img, ((size - img.size[0]) // 2, (size - img.size[1]) // 2))
-    x = torch.frombuffer(bytearray(canvas.tobytes()), dtype=torch.uint8).float().div_(255.0)
+    x = to_float(torch.frombuffer(bytearray(canvas.tobytes()), dtype=torch.uint8))
     return x.view(size, size, channels).permute(2, 0, 1).contiguous()
+
+
+def load_image_resized(path: str | Path, *, size: tuple[int, int], channels: int) -> torch.Tensor:
+    """Read an image into [C, H, W] in [0, 1] as the image-folder reader converts training images: mode to L or
+    RGB, resized (bilinear) to `size` (H, W). No inversion or boxing (that is :func:`load_image`, for digits)."""
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:
+        raise CapsNetError("capsnet predict needs Pillow: pip install 'capsnet[images]'") from None
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"{path}: no such image file")
+    try:
+        with Image.open(path) as im:
+            im.load()
+            img = im.convert("L" if channels == 1 else "RGB")
+    except (UnidentifiedImageError, OSError) as e:
+        raise DatasetError(f"{path}: not a readable image ({e})") from None
+    if img.size != (size[1], size[0]):
+        img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+    x = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).float().div_(255.0)
+    return x.view(size[0], size[1], channels).permute(2, 0, 1).contiguous()

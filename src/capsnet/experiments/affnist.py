@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from ..data.augment import affine_warp, place_on_canvas
 from ..data.datasets import load_dataset
 from ..data.split import Split
 from ..errors import ConfigError, DatasetError
-from ..training.tasks import ClassificationTask, place_on_canvas, seeded_generator
+from ..training.tasks import ClassificationTask, seeded_generator
 
 CANVAS = 40
 # affNIST-style ranges (see the module docstring for their source).
@@ -48,10 +48,9 @@ def random_placement(
     if canvas < max(h, w):
         raise ConfigError(f"canvas {canvas} is smaller than the {h}x{w} digits")
     device = generator.device if generator is not None else torch.device("cpu")
-    corner = torch.stack([
-        torch.randint(0, canvas - h + 1, (b,), generator=generator, device=device),
-        torch.randint(0, canvas - w + 1, (b,), generator=generator, device=device),
-    ], 1)  # fmt: skip
+    rows = torch.randint(0, canvas - h + 1, (b,), generator=generator, device=device)
+    cols = torch.randint(0, canvas - w + 1, (b,), generator=generator, device=device)
+    corner = torch.stack([rows, cols], 1)
     return place_on_canvas(x, corner[:, 0], corner[:, 1], canvas), corner.to(x.device)
 
 
@@ -64,9 +63,15 @@ def expanded_test_set(test: Split, *, canvas: int = CANVAS, seed: int = 0) -> Sp
 
 # --------------------------------------------------------------------------------------- affNIST-style test
 def affine_test_set(
-    test: Split, *, canvas: int = CANVAS, seed: int = 0, rotation: float = ROTATION_DEG, shear: float = SHEAR,
-    scale: tuple[float, float] = SCALE, chunk: int = 2000,
-) -> Split:  # fmt: skip
+    test: Split,
+    *,
+    canvas: int = CANVAS,
+    seed: int = 0,
+    rotation: float = ROTATION_DEG,
+    shear: float = SHEAR,
+    scale: tuple[float, float] = SCALE,
+    chunk: int = 2000,
+) -> Split:
     """affNIST-style test set: each test digit under its own random affine map, deterministic under `seed`.
 
     The 28×28 digit is centred on the canvas and warped by M = R(θ) · [[1, k], [0, 1]] · diag(s_x, s_y) about
@@ -78,7 +83,7 @@ def affine_test_set(
     out = []
     for s in range(0, len(test), chunk):
         x = test.images[s : s + chunk].float()
-        b, c, _, w = x.shape
+        b = x.shape[0]
         theta = torch.deg2rad((torch.rand(b, generator=g, dtype=torch.float64) * 2 - 1) * rotation)
         k = (torch.rand(b, generator=g, dtype=torch.float64) * 2 - 1) * shear
         sxy = torch.rand(b, 2, generator=g, dtype=torch.float64) * (scale[1] - scale[0]) + scale[0]
@@ -87,13 +92,7 @@ def affine_test_set(
         sh = torch.eye(2, dtype=torch.float64).repeat(b, 1, 1)
         sh[:, 0, 1] = k
         m = rot @ sh @ torch.diag_embed(sxy)  # forward map, centred pixel coordinates  [B, 2, 2]
-        # grid_sample reads input coordinates from output ones, normalised so that ±1 spans each image
-        # (align_corners=False): u_in = (canvas / 28) · M⁻¹ · u_out.
-        lin = torch.linalg.inv(m) * (canvas / w)
-        grid_theta = torch.cat([lin, torch.zeros(b, 2, 1, dtype=torch.float64)], -1).float()
-        grid = F.affine_grid(grid_theta, [b, c, canvas, canvas], align_corners=False)
-        warped = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-        warped = warped.round().clamp(0, 255)
+        warped = affine_warp(x, m, out_size=canvas).round().clamp(0, 255)  # grid in float64, sampled in float32
         # Translation keeping the ink box [y0, y1] × [x0, x1] inside [0, canvas).
         ink_rows, ink_cols = warped.amax(dim=(1, 3)) > 0, warped.amax(dim=(1, 2)) > 0  # [B, canvas] each
         dy = _translation(ink_rows, canvas, g)
@@ -165,8 +164,8 @@ class ExpandedMNISTTask(ClassificationTask):
     name = "expanded-mnist"
 
     def __init__(self, *, train: Split, test: Split, n_classes: int = 10, canvas: int = CANVAS, seed: int = 0):
-        super().__init__(train=train, test=expanded_test_set(test, canvas=canvas, seed=seed), n_classes=n_classes,
-                         shift=0)  # fmt: skip
+        expanded = expanded_test_set(test, canvas=canvas, seed=seed)
+        super().__init__(train=train, test=expanded, n_classes=n_classes, shift=0)
         self.canvas, self.image_size = canvas, canvas
 
     def augment(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -21,16 +21,17 @@ Here:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from ..data.batching import num_batches
-from ..data.split import Split
+from ..data.augment import place_on_canvas
+from ..data.batching import num_batches, shard_indices
+from ..data.split import Split, to_float
 from ..errors import ConfigError, DatasetError
 from ..nn.losses import reconstruction_loss
-from ..training.tasks import Batch, Task, evaluate_batches, place_on_canvas, seeded_generator
+from ..training.tasks import Batch, Task, evaluate_batches, seeded_generator
 
 Combine = Literal["max", "sum"]
 _TAG_TRAIN, _TAG_TEST = 0x4D4D, 0x7E57  # keep the train and test random streams apart
@@ -110,9 +111,13 @@ def two_longest_correct(lengths: torch.Tensor, targets: torch.Tensor) -> torch.T
 
 
 def pair_loss(
-    model: nn.Module, out, targets: torch.Tensor, recon_b: torch.Tensor | None, images_a: torch.Tensor,
+    model: Any,  # CapsNet (or a model with capsules like it), or the baseline CNN
+    out,
+    targets: torch.Tensor,
+    recon_b: torch.Tensor | None,
+    images_a: torch.Tensor,
     images_b: torch.Tensor,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """§6 training loss: margin loss with multi-hot targets (both digits, Eq. 4) + recon_weight × the summed
     squared error of each digit's reconstruction (from its own capsule) against its own shifted image.
 
@@ -143,9 +148,9 @@ class PairForward(nn.Module):
     def forward(self, images, label_a, label_b):
         out = self.model(images, label_a)
         decoder = getattr(self.model, "decoder", None)
-        if decoder is None or out.capsules is None:
-            return out, None
-        cfg = self.model.config
+        cfg: Any = self.model.config
+        if decoder is None or out.capsules is None or (self.model.training and cfg.recon_weight == 0):
+            return out, None  # (with recon_weight 0 the decoder gets no gradient, which DDP rejects)
         if not (self.model.training and cfg.decoder_mask == "label"):  # the output's reconstruction used another mask
             out = out._replace(reconstructions=decoder(out.capsules, label_a))
         return out, decoder(out.capsules, label_b)
@@ -156,6 +161,7 @@ class MultiMNISTTask(Task):
     """MultiMNIST training and test (§6) for the loop in :mod:`capsnet.training`."""
 
     name = "multimnist"
+    image_size: int  # the square canvas
 
     def __init__(
         self,
@@ -181,8 +187,9 @@ class MultiMNISTTask(Task):
         self.pairs_per_digit, self.max_shift, self.combine = pairs_per_digit, max_shift, combine
         self._sampler = PairSampler(train.labels, n_classes)
         self._on: dict[str, tuple[torch.Tensor, torch.Tensor, PairSampler]] = {}
-        self.test_pairs = make_test_pairs(test, n_classes, pairs_per_digit=test_pairs_per_digit, max_shift=max_shift,
-                                          seed=seed)  # fmt: skip
+        self.test_pairs = make_test_pairs(
+            test, n_classes, pairs_per_digit=test_pairs_per_digit, max_shift=max_shift, seed=seed
+        )
 
     def _device_copy(self, device: torch.device):
         key = str(device)
@@ -202,10 +209,7 @@ class MultiMNISTTask(Task):
         n, per_round = len(self.train), self.per_round(batch_size=batch_size, world_size=world_size)
         for rnd in range(start // per_round, self.pairs_per_digit):
             order = torch.randperm(n, generator=seeded_generator(torch.device("cpu"), seed, epoch, rnd, _TAG_TRAIN))
-            total = -(-n // world_size) * world_size
-            if total > n:  # wrap so every rank gets the same number of pairs
-                order = torch.cat([order] * (-(-total // n)))[:total]
-            mine = order[rank::world_size]
+            mine = shard_indices(order, rank=rank, world_size=world_size)  # wraps: every rank gets as many pairs
             first_k = start - rnd * per_round if rnd == start // per_round else 0
             for k in range(first_k, per_round):
                 ia = mine[k * batch_size : (k + 1) * batch_size].to(device)
@@ -214,7 +218,7 @@ class MultiMNISTTask(Task):
                 yield self._render(images, labels, ia, ib, draw_shifts(len(ia), self.max_shift, g))
 
     def _render(self, images, labels, ia, ib, shifts) -> Batch:
-        xa, xb = images[ia].float().div_(255.0), images[ib].float().div_(255.0)
+        xa, xb = to_float(images[ia]), to_float(images[ib])
         pair, a, b = render_pairs(xa, xb, shifts, canvas=self.image_size, combine=self.combine)
         la, lb = labels[ia], labels[ib]
         extras = {"label_a": la, "label_b": lb, "image_a": a, "image_b": b}
@@ -226,10 +230,10 @@ class MultiMNISTTask(Task):
     def forward(self, module, batch):
         return module(batch.images, batch.extras["label_a"], batch.extras["label_b"])
 
-    def loss(self, model, out, batch) -> tuple[torch.Tensor, float]:
+    def loss(self, model, out, batch) -> tuple[torch.Tensor, torch.Tensor]:
         out, recon_b = out
         loss = pair_loss(model, out, batch.targets, recon_b, batch.extras["image_a"], batch.extras["image_b"])
-        return loss, two_longest_correct(out.lengths.detach(), batch.targets).sum().item()
+        return loss, two_longest_correct(out.lengths.detach(), batch.targets).sum()
 
     def evaluate(self, model, *, batch_size, device, dist) -> dict:
         images, labels = self.test.images.to(device), self.test.labels.to(device)
@@ -243,7 +247,7 @@ class MultiMNISTTask(Task):
         def score(m, batch):
             out, recon_b = PairForward(m)(batch.images, batch.extras["label_a"], batch.extras["label_b"])
             loss = pair_loss(m, out, batch.targets, recon_b, batch.extras["image_a"], batch.extras["image_b"])
-            return loss, two_longest_correct(out.lengths, batch.targets).sum().item()
+            return loss, two_longest_correct(out.lengths, batch.targets).sum()
 
         return evaluate_batches(model, batches(), score=score, device=device, dist=dist)
 
@@ -260,9 +264,16 @@ def make_test_pairs(
 
 
 def generate(
-    split: Split, n_pairs: int, *, n_classes: int = 10, max_shift: int = 4, canvas: int = 36,
-    combine: Combine = "max", seed: int = 0, device: str | torch.device = "cpu",
-) -> dict[str, torch.Tensor]:  # fmt: skip
+    split: Split,
+    n_pairs: int,
+    *,
+    n_classes: int = 10,
+    max_shift: int = 4,
+    canvas: int = 36,
+    combine: Combine = "max",
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> dict[str, torch.Tensor]:
     """A standalone batch of `n_pairs` MultiMNIST pairs (for inspection and tests), deterministic under `seed`.
 
     Returns images [n, C, canvas, canvas], targets [n, n_classes], label_a/label_b [n], image_a/image_b (each
@@ -274,8 +285,15 @@ def generate(
     labels = split.labels.to(device)
     ib = PairSampler(split.labels, n_classes).to(device).partners(labels[ia], g)
     shifts = draw_shifts(n_pairs, max_shift, g)
-    xa = split.images.to(device)[ia].float().div_(255.0)
-    xb = split.images.to(device)[ib].float().div_(255.0)
+    xa, xb = to_float(split.images.to(device)[ia]), to_float(split.images.to(device)[ib])
     pair, a, b = render_pairs(xa, xb, shifts, canvas=canvas, combine=combine)
-    return {"images": pair, "targets": multi_hot(labels[ia], labels[ib], n_classes), "label_a": labels[ia],
-            "label_b": labels[ib], "image_a": a, "image_b": b, "shifts": shifts}  # fmt: skip
+    targets = multi_hot(labels[ia], labels[ib], n_classes)
+    return {
+        "images": pair,
+        "targets": targets,
+        "label_a": labels[ia],
+        "label_b": labels[ib],
+        "image_a": a,
+        "image_b": b,
+        "shifts": shifts,
+    }

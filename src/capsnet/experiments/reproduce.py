@@ -9,7 +9,7 @@ TensorBoard, torchrun all apply) and prints ours next to the paper's figure:
 
 Without --quick the settings are the paper's (full MNIST, full-size models, 1,000 MultiMNIST pairs per digit)
 and meant for a GPU. The paper gives no epoch count; the full setting uses FULL_EPOCHS. --quick is a smoke-sized
-run for a 2-core CPU on the bundled sample: small subsets, few epochs and pairs, and narrower models. Its
+run for a 2-core CPU on the whole bundled sample: few epochs and pairs, batch 32, and narrower models. Its
 figures show that the pipeline works, not what the paper's setting reaches.
 """
 
@@ -26,9 +26,9 @@ from ..fileio import atomic_write_json
 from ..models.baseline import BaselineConfig
 from ..models.capsnet import CapsNetConfig
 from ..models.pretrained import load_pretrained
-from ..training.evaluate import evaluate
+from ..training.evaluate import check_split, evaluate
 from ..training.loop import TrainConfig, resolve_device, train
-from ..training.tasks import subset
+from ..training.tasks import Task, subset
 from .affnist import ExpandedMNISTTask, affine_test_set, load_affnist
 from .multimnist import MultiMNISTTask
 
@@ -43,7 +43,7 @@ PAPER: dict[str, dict[tuple[str, str], float]] = {
         ("expanded MNIST test accuracy (%)", "capsnet"): 99.23, ("expanded MNIST test accuracy (%)", "baseline"): 99.22,
         ("affNIST test accuracy (%)", "capsnet"): 79.0, ("affNIST test accuracy (%)", "baseline"): 66.0,
     },
-}  # fmt: skip
+}
 
 
 @dataclass
@@ -84,9 +84,9 @@ def setting_for(experiment: str, *, quick: bool, dataset: str | None = None) -> 
     else:
         what += ", every test digit"
     note = (f"QUICK run: {what}, {sizes['epochs']} epochs, batch 32, narrower models (CapsNet {QUICK_CAPSNET}, "
-            f"baseline {QUICK_BASELINE}); sized for a 2-core CPU, not the paper's setting")  # fmt: skip
+            f"baseline {QUICK_BASELINE}); sized for a 2-core CPU, not the paper's setting")
     return Setting(dataset=dataset or "mnist-sample", batch_size=32, capsnet=dict(QUICK_CAPSNET),
-                   baseline=dict(QUICK_BASELINE), note=note, **sizes)  # fmt: skip
+                   baseline=dict(QUICK_BASELINE), note=note, **sizes)
 
 
 def run_experiment(
@@ -114,12 +114,13 @@ def run_experiment(
     if data.train is None:
         raise DatasetError(f"{data.source}: holds only a test split; training needs the train-* files too")
     train_split, test_split = subset(data.train, setting.train_subset), subset(data.test, setting.test_subset)
-    task, affnist_test, affnist_what = None, None, None
+    task: Task | None = None
+    affnist_test, affnist_what = None, None
     if experiment == "multimnist":
         task = MultiMNISTTask(
             train=train_split, test=test_split, n_classes=data.n_classes, pairs_per_digit=setting.pairs_per_digit,
             test_pairs_per_digit=setting.test_pairs_per_digit, seed=seed,
-        )  # fmt: skip
+        )
     elif experiment == "affnist":
         task = ExpandedMNISTTask(train=train_split, test=test_split, n_classes=data.n_classes, seed=seed)
         if affnist is not None:
@@ -133,7 +134,7 @@ def run_experiment(
             dataset=setting.dataset, train_subset=setting.train_subset, test_subset=setting.test_subset,
             epochs=setting.epochs, batch_size=setting.batch_size, lr=setting.lr, seed=seed, device=device,
             out=str(root / model), resume=resume, progress=progress, model=model,
-        )  # fmt: skip
+        )
         model_config = CapsNetConfig(**setting.capsnet) if model == "capsnet" else BaselineConfig(**setting.baseline)
         print(f"== {experiment}: training {model} -> {config.out}", flush=True)
         result = train(config, model_config, task=task)
@@ -147,15 +148,13 @@ def run_experiment(
         if affnist_test is not None:
             dev = resolve_device(config.device)
             trained = load_pretrained(Path(result.run_dir) / "last", map_location=dev)
-            want = (trained.config.in_channels, trained.config.image_size, trained.config.image_size)
-            if tuple(affnist_test.images.shape[1:]) != want:
-                raise DatasetError(f"{affnist_what}: images are {tuple(affnist_test.images.shape[1:])}, not {want}")
+            check_split(trained, affnist_test, source=affnist_what or "affNIST")
             acc = evaluate(trained, affnist_test, batch_size=config.eval_batch_size, device=dev)["accuracy"]
             rows.append(_row(experiment, "affNIST test accuracy (%)", model, 100 * acc, note=affnist_what))
     report = {
         "experiment": experiment, "quick": quick, "setting": dataclasses.asdict(setting), "seed": seed,
         "rows": rows, "runs": runs,
-    }  # fmt: skip
+    }
     atomic_write_json(root / "results.json", report)
     return report
 

@@ -5,6 +5,7 @@ May import: capsnet.nn, capsnet.routing and the foundation modules; never data, 
 
 from .baseline import BaselineCNN, BaselineConfig
 from .capsnet import CapsNet, CapsNetConfig, CapsNetOutput
+from .em_capsnet import EMCapsNet, EMCapsNetConfig, EMCapsNetOutput
 from .pretrained import Pretrained, load_pretrained
 from .registry import MODELS, model_class
 
@@ -15,6 +16,9 @@ __all__ = [
     "CapsNet",
     "CapsNetConfig",
     "CapsNetOutput",
+    "EMCapsNet",
+    "EMCapsNetConfig",
+    "EMCapsNetOutput",
     "Pretrained",
     "load_pretrained",
     "model_class",

@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
+from ..nn.standardize import per_image_standardize
+from .inputs import check_images, image_hw
 from .pretrained import Pretrained
 
 
@@ -35,35 +37,61 @@ class BaselineConfig:
     """Hyper-parameters of :class:`BaselineCNN`; the defaults are the paper's MNIST baseline (35.4M parameters)."""
 
     in_channels: int = field(default=1, metadata={"help": "input image channels"})
-    image_size: int = field(default=28, metadata={"help": "input image height and width"})
-    n_classes: int = field(default=10, metadata={"help": "number of classes"})
+    image_size: int | tuple[int, ...] = field(
+        default=28, metadata={"help": "input image side, or [height, width] for non-square images"}
+    )
+    n_classes: int = field(default=10, metadata={"help": "number of classes, at least 2"})
     channels: tuple[int, ...] = field(default=(256, 256, 128), metadata={"help": "channels of the convolutions"})
     kernel_size: int = field(default=5, metadata={"help": "kernel of every convolution (stride 1)"})
     padding: Literal["same", "valid"] = field(default="same", metadata={"help": "convolution padding"})
     pool: bool = field(default=False, metadata={"help": "2x2 max-pooling after each convolution (not the paper's)"})
     hidden: tuple[int, ...] = field(default=(328, 192), metadata={"help": "fully connected layer sizes"})
     dropout: float = field(default=0.5, metadata={"help": "dropout before the softmax layer"})
+    # Recorded from the data, as in CapsNetConfig (capsnet.training.tasks fills them in).
+    standardize: bool = field(default=False, metadata={"help": "per-image standardization of the input"})
+    class_names: tuple[str, ...] = field(default=(), metadata={"help": "the training data's class names"})
+    digits: bool = field(
+        default=True, metadata={"help": "trained on a digit set: predict inverts and boxes images as MNIST's"}
+    )
+    source_size: tuple[int, ...] = field(
+        default=(), metadata={"help": "[H, W] of the training images before cropping (empty: image_size)"}
+    )
 
     def __post_init__(self) -> None:
         self.channels, self.hidden = tuple(self.channels), tuple(self.hidden)
-        for name in ("in_channels", "image_size", "n_classes", "kernel_size"):
+        self.class_names, self.source_size = tuple(self.class_names), tuple(self.source_size)
+        if not isinstance(self.image_size, int):
+            self.image_size = tuple(self.image_size)
+        for name in ("in_channels", "kernel_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_classes < 2:
+            raise ConfigError(f"n_classes must be >= 2, got {self.n_classes}")
+        bad_pair = not isinstance(self.image_size, int) and len(self.image_size) != 2
+        if bad_pair or min(image_hw(self.image_size)) < 1:
+            raise ConfigError(f"image_size must be a positive side or [height, width], got {self.image_size}")
         if not self.channels or min(self.channels) < 1 or (self.hidden and min(self.hidden) < 1):
             raise ConfigError("channels must be a non-empty list of positive sizes; hidden sizes must be positive")
         if not 0 <= self.dropout < 1:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.feature_size < 1:
+        if min(self.feature_hw) < 1:
             raise ConfigError(f"image_size {self.image_size} is too small for {len(self.channels)} convolutions")
 
     @property
+    def feature_hw(self) -> tuple[int, int]:
+        """(H, W) of the last feature map: 28 stays 28 with "same" padding; 28 → 24 → 20 → 16 with "valid"."""
+        sides = []
+        for s in image_hw(self.image_size):
+            for _ in self.channels:
+                s = s if self.padding == "same" else s - self.kernel_size + 1
+                s = s // 2 if self.pool else s
+            sides.append(s)
+        return sides[0], sides[1]
+
+    @property
     def feature_size(self) -> int:
-        """Side of the last feature map: 28 stays 28 with "same" padding; 28 → 24 → 20 → 16 with "valid"."""
-        s = self.image_size
-        for _ in self.channels:
-            s = s if self.padding == "same" else s - self.kernel_size + 1
-            s = s // 2 if self.pool else s
-        return s
+        """Side of a square last feature map (the height of a non-square one: see feature_hw)."""
+        return self.feature_hw[0]
 
 
 class BaselineOutput(NamedTuple):
@@ -86,6 +114,8 @@ class BaselineCNN(Pretrained, nn.Module):
 
     config_class = BaselineConfig
     model_type = "baseline-cnn"
+    paper = "Sabour, Frosst & Hinton, NeurIPS 2017 (baseline CNN, §5)"
+    designed_for = "MNIST 28x28"
     # `capsnet train`'s Adam learning rate unless --lr is given. At 1e-3 and batch 16 the 32.9M-weight first
     # fully connected layer dies in the first steps (the bundled sample stayed at chance for two epochs); at 1e-4
     # it trains (docs/benchmarks.md).
@@ -103,7 +133,7 @@ class BaselineCNN(Pretrained, nn.Module):
             if cfg.pool:
                 layers.append(nn.MaxPool2d(2))
         self.features = nn.Sequential(*layers)
-        sizes = [cfg.channels[-1] * cfg.feature_size**2, *cfg.hidden]
+        sizes = [cfg.channels[-1] * cfg.feature_hw[0] * cfg.feature_hw[1], *cfg.hidden]
         fc: list[nn.Module] = []
         for a, b in itertools.pairwise(sizes):
             fc += [nn.Linear(a, b), nn.ReLU(inplace=True)]
@@ -113,21 +143,21 @@ class BaselineCNN(Pretrained, nn.Module):
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor | None = None, **_) -> BaselineOutput:
         """images [B, C, H, W] in [0, 1]; `labels` is accepted (and unused) so it is called like CapsNet."""
-        c, s = self.config.in_channels, self.config.image_size
-        if images.dim() != 4 or tuple(images.shape[1:]) != (c, s, s):
-            raise ValueError(f"BaselineCNN expects images of shape [B, {c}, {s}, {s}], got {list(images.shape)}")
-        h = self.fc(self.features(images).flatten(1))  # [B, 192]
+        check_images(images, channels=self.config.in_channels, size=self.config.image_size, model="BaselineCNN")
+        x = per_image_standardize(images) if self.config.standardize else images
+        h = self.fc(self.features(x).flatten(1))  # [B, 192]
         logits = self.classifier(self.dropout(h))  # [B, n_classes]
         probs = logits.float().softmax(dim=1)
         return BaselineOutput(None, probs, logits.argmax(dim=1), None, None, logits)
 
     def loss(
         self, out: BaselineOutput, images: torch.Tensor, labels: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Cross-entropy. Class indices [B]: the usual softmax cross-entropy. Multi-hot targets [B, n] (MultiMNIST):
-        cross-entropy against the targets normalised to a distribution (½ on each of two digits) — a softmax
-        whose two largest probabilities should be the two digits, matching the "two most probable classes"
-        metric; chosen over per-class sigmoids so that `.lengths` stays a softmax as for single digits."""
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Cross-entropy; the parts are detached 0-d tensors. Class indices [B]: the usual softmax cross-entropy.
+        Multi-hot targets [B, n] (MultiMNIST): cross-entropy against the targets normalised to a distribution (½ on
+        each of two digits) — a softmax whose two largest probabilities should be the two digits, matching the "two
+        most probable classes" metric; chosen over per-class sigmoids so that `.lengths` stays a softmax as for
+        single digits."""
         logits = out.logits.float()
         if labels.dim() == 1:
             ce = F.cross_entropy(logits, labels.long())
@@ -136,7 +166,7 @@ class BaselineCNN(Pretrained, nn.Module):
             ce = F.cross_entropy(logits, target)
         else:
             raise ValueError(f"labels must be [B] indices or [B, {self.config.n_classes}] multi-hot targets")
-        return ce, {"cross_entropy": ce.item(), "total": ce.item()}
+        return ce, {"cross_entropy": ce.detach(), "total": ce.detach()}
 
 
 def count_parameters(model: nn.Module) -> int:

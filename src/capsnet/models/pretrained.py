@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from .. import __version__
+from .._version import __version__
 from ..config import from_dict, to_dict
 from ..errors import CheckpointError, ConfigError
 from ..fileio import atomic_write_bytes, atomic_write_json
@@ -26,10 +26,16 @@ M = TypeVar("M", bound="Pretrained")
 
 _REGISTRY: dict[str, type[Pretrained]] = {}
 
+if TYPE_CHECKING:  # for the type checker, a Pretrained is the nn.Module it is always mixed into
+    from torch.nn import Module as _ModuleBase
+else:
+    _ModuleBase = object
 
-class Pretrained:
+
+class Pretrained(_ModuleBase):
     config_class: ClassVar[type]
     model_type: ClassVar[str]
+    default_lr: ClassVar[float]
     config: Any
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -41,7 +47,7 @@ class Pretrained:
         """Write `config.json` and `model.safetensors` into `directory`, each atomically."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}  # type: ignore[attr-defined]
+        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         atomic_write_bytes(directory / WEIGHTS_NAME, save(state, metadata={"format": "pt"}))
         meta = {"model_type": self.model_type, "capsnet_version": __version__, "config": to_dict(self.config)}
         atomic_write_json(directory / CONFIG_NAME, meta)
@@ -56,7 +62,7 @@ class Pretrained:
             raise CheckpointError(f"{directory}: holds a {model_type!r} model, not a {cls.__name__}")
         model = target(config=from_dict(target.config_class, config, what=f"{directory}/{CONFIG_NAME}"))
         _load_weights(model, Path(directory) / WEIGHTS_NAME)
-        return model.to(map_location).eval()  # type: ignore[attr-defined,return-value]
+        return cast(M, model.to(map_location).eval())  # `target` is `cls` or a subclass of it
 
 
 def load_pretrained(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> Any:

@@ -6,7 +6,7 @@ May import: torch and capsnet's foundation modules (errors, fileio, config) only
 from .decoder import CapsuleDecoder
 from .losses import MarginLoss, capsule_lengths, reconstruction_loss
 from .primary import PrimaryCapsules
-from .squash import Squash, squash
+from .squash import Squash, efficient_squash, squash
 
 __all__ = [
     "CapsuleDecoder",
@@ -14,6 +14,7 @@ __all__ = [
     "PrimaryCapsules",
     "Squash",
     "capsule_lengths",
+    "efficient_squash",
     "reconstruction_loss",
     "squash",
 ]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
@@ -35,6 +34,9 @@ class CapsuleDecoder(nn.Module):
 
     def forward(self, v: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
         """v [B, n, d]; select: class indices [B] (or a 0/1 mask [B, n]). Returns images [B, C, H, W]."""
-        mask = F.one_hot(select.long(), self.n_capsules).to(v.dtype) if select.dim() == 1 else select.to(v.dtype)
+        if select.dim() == 1:  # one-hot by scatter: unlike F.one_hot on the CPU, no host read of the indices
+            mask = v.new_zeros(select.shape[0], self.n_capsules).scatter_(1, select.long()[:, None], 1.0)
+        else:
+            mask = select.to(v.dtype)
         x = (v * mask.unsqueeze(-1)).flatten(1)  # keep only the selected capsule  [B, n·d]
         return self.net(x).view(-1, *self.out_shape)

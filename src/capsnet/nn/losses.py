@@ -19,7 +19,8 @@ def _targets(labels: torch.Tensor, n_labels: int, like: torch.Tensor) -> torch.T
     if labels.dim() == 1:
         if labels.is_floating_point():
             raise ValueError("class-index labels must be an integer tensor of shape [B]")
-        return F.one_hot(labels.long(), n_labels).to(like.dtype)
+        # one-hot by scatter: unlike F.one_hot on the CPU, no host read of the labels (a training step never waits)
+        return like.new_zeros(labels.shape[0], n_labels).scatter_(1, labels.long()[:, None], 1.0)
     if labels.dim() == 2 and labels.shape[1] == n_labels:
         return labels.to(like.dtype)
     raise ValueError(f"labels must be class indices [B] or multi-hot targets [B, {n_labels}], got {list(labels.shape)}")
@@ -81,3 +82,30 @@ def reconstruction_loss(
     if reduction not in ("sum", "mean"):
         raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
     return weight * per_image.mean()
+
+
+def spread_margin(progress: float, start: float = 0.2, end: float = 0.9) -> float:
+    """Matrix capsules §4: the spread loss's margin m grows linearly from 0.2 to 0.9 over training
+    ("by starting with a small margin of 0.2 and linearly increasing it during training to 0.9, we avoid dead
+    capsules in the earlier layers"). `progress` in [0, 1] is the fraction of the annealing done (clamped)."""
+    return start + (end - start) * min(1.0, max(0.0, progress))
+
+
+class SpreadLoss(nn.Module):
+    """Matrix capsules Eq. 3: L = Σ_{i≠t} max(0, m − (a_t − a_i))², the target activation a_t pushed at least m above
+    every other a_i; averaged over the batch. Call as `loss(a, labels, margin)` with activations a [B, n] and class
+    indices [B]."""
+
+    def __init__(self, n_labels: int):
+        super().__init__()
+        self.n_labels = n_labels
+
+    def forward(self, activations: torch.Tensor, labels: torch.Tensor, margin: float) -> torch.Tensor:
+        if activations.dim() != 2 or activations.shape[1] != self.n_labels:
+            raise ValueError(f"SpreadLoss expects activations [B, {self.n_labels}], got {list(activations.shape)}")
+        if labels.dim() != 1 or labels.is_floating_point():
+            raise ValueError("SpreadLoss takes class indices [B] (one class per image)")
+        a_t = activations.gather(1, labels.long().view(-1, 1))  # [B, 1]
+        loss = F.relu(margin - (a_t - activations)) ** 2  # [B, n]; the i = t term is m², removed below
+        others = 1.0 - F.one_hot(labels.long(), self.n_labels).to(loss.dtype)
+        return (loss * others).sum(dim=1).mean()

@@ -8,6 +8,13 @@ from torch import nn
 from .squash import squash
 
 
+def conv_output_size(size: int, kernel_size: int, stride: int = 1, padding: int = 0) -> int:
+    """Side of a convolution's output: ⌊(size + 2·padding - kernel_size) / stride⌋ + 1 (< 1: the input is too small).
+
+    With padding = kernel_size // 2 (odd kernels: "same") this is ⌈size / stride⌉, as TensorFlow's SAME padding."""
+    return (size + 2 * padding - kernel_size) // stride + 1
+
+
 class PrimaryCapsules(nn.Module):
     """A convolution whose output channels form capsules (the paper's PrimaryCaps layer).
 
@@ -24,11 +31,12 @@ class PrimaryCapsules(nn.Module):
         capsule_dim: int = 8,
         kernel_size: int = 9,
         stride: int = 2,
+        padding: int = 0,
     ):
         super().__init__()
         self.n_types = n_types
         self.capsule_dim = capsule_dim
-        self.conv = nn.Conv2d(in_channels, n_types * capsule_dim, kernel_size, stride=stride)
+        self.conv = nn.Conv2d(in_channels, n_types * capsule_dim, kernel_size, stride=stride, padding=padding)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.conv(x)  # [B, types·D, H', W'], channel = type·D + d
@@ -39,5 +47,6 @@ class PrimaryCapsules(nn.Module):
 
     def output_grid(self, height: int, width: int) -> tuple[int, int]:
         """Spatial size (H', W') of the capsule grid for an input feature map of `height` × `width`."""
-        k, s = self.conv.kernel_size, self.conv.stride
-        return (height - k[0]) // s[0] + 1, (width - k[1]) // s[1] + 1
+        k, s, p = self.conv.kernel_size, self.conv.stride, self.conv.padding
+        assert not isinstance(p, str)  # the convolution is built with numeric padding, never "same"/"valid"
+        return conv_output_size(height, k[0], s[0], p[0]), conv_output_size(width, k[1], s[1], p[1])

@@ -28,3 +28,14 @@ class Squash(nn.Module):
 
     def extra_repr(self) -> str:
         return f"eps={self.eps}"
+
+
+def efficient_squash(s: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
+    """Efficient-CapsNet's squash (Mazzia et al. 2021, Eq. 2): v = (1 − e^{−|s|}) · s / |s|.
+
+    Like :func:`squash` it keeps the direction and maps lengths into [0, 1), but it is less steep near 0
+    (|v| ≈ |s| for short vectors) and saturates more slowly. `eps` inside the square root keeps the
+    gradient finite at s = 0.
+    """
+    norm = torch.sqrt((s * s).sum(dim=dim, keepdim=True) + eps)  # |s|
+    return s * (-torch.expm1(-norm) / norm)  # 1 − e^{−|s|} = −expm1(−|s|), exact for small |s|

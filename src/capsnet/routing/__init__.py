@@ -1,16 +1,54 @@
 """Routing algorithms between capsule layers, one module each, with their fast paths and kernels beside them.
 
+Every fully connected routing layer follows :class:`capsnet.routing.base.RoutingLayer`: `layer(u, a=None, *,
+return_weights=False)` maps u [B, n_in, d_in] to [B, n_out, d_out], or to a :class:`RoutingOutput` (capsules,
+weights, activations). :data:`ROUTINGS` names them for `CapsNetConfig.routing` / `--routing`.
+
 May import: capsnet.nn and the foundation modules (errors, fileio, config); never models, data or above.
 """
 
+from .base import RoutingLayer, RoutingOutput, weight_spread
 from .dynamic import Router, RoutingResult, default_weight_std, dynamic_routing, route_votes
 from .dynamic_fast import fast_dynamic_routing
+from .em import EMResult, em_routing
+from .inverted_attention import InvertedAttentionConv, InvertedAttentionFC, concurrent_routing
+from .matrix_capsules import ClassCaps, ConvCaps, PrimaryMatrixCaps
+from .self_attention import SelfAttentionRouter, self_attention_routing
+from .self_routing import SelfRoutingConv, SelfRoutingFC
+
+# `--routing` name -> (paper, one-line equation summary); the layers are built by capsnet.models.capsnet.
+ROUTINGS: dict[str, tuple[str, str]] = {
+    "dynamic": ("Sabour, Frosst & Hinton, NeurIPS 2017",
+                "c = softmax_j(b); s_j = Σ_i c_ij û_j|i; v = squash(s); b += û·v, r iterations"),
+    "self-attention": ("Mazzia, Salvetti & Chiaberge, Sci. Rep. 2021 (Efficient-CapsNet)",
+                       "c = softmax_j(Σ_k Û_j Û_jᵀ/√d); s_j = Σ_i û_ij (c_ij + b_ij); v = (1 − e^−|s|) s/|s|"),
+    "inverted-attention": ("Tsai, Srivastava, Goh & Salakhutdinov, ICLR 2020",
+                           "p_j = 0; r = softmax_j(p_jᵀ v_ij); p_j = LayerNorm(Σ_i r_ij v_ij), r iterations"),
+    "self-routing": ("Hahn, Pyeon & Kim, NeurIPS 2019",
+                     "c = softmax_j(W_route u_i); a_j = Σ c a_i / Σ a_i; u_j = Σ c a_i û / Σ c a_i"),
+}  # fmt: skip
 
 __all__ = [
+    "ROUTINGS",
+    "ClassCaps",
+    "ConvCaps",
+    "EMResult",
+    "InvertedAttentionConv",
+    "InvertedAttentionFC",
+    "PrimaryMatrixCaps",
     "Router",
+    "RoutingLayer",
+    "RoutingOutput",
     "RoutingResult",
+    "SelfAttentionRouter",
+    "SelfRoutingConv",
+    "SelfRoutingFC",
+    "concurrent_routing",
     "default_weight_std",
     "dynamic_routing",
+    "em_routing",
     "fast_dynamic_routing",
     "route_votes",
+    "self_attention_routing",
+    "weight_spread",
 ]

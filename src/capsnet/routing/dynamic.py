@@ -19,6 +19,7 @@ from torch import nn
 
 from ..nn.squash import squash
 from . import dynamic_cpu as routing_cpu
+from .base import RoutingOutput
 from .dynamic_fast import fast_dynamic_routing
 
 
@@ -34,9 +35,8 @@ def default_weight_std(in_caps: int) -> float:
 
     With the first pass's uniform coupling c_ij = 1/out_caps, s_j sums in_caps independent votes, each of norm
     about std·sqrt(out_d)·|u_i|, so std = 1/sqrt(in_caps) makes |s_j| ≈ sqrt(out_d)·|u_i| / out_caps whatever
-    the number of input capsules: small, in the squash's linear-to-quadratic range, never saturated.
-    Measured on the bundled MNIST sample (docs/benchmarks.md): std 0.25 saturates every |v_j| near 1 and stays at
-    chance, as the seed's std 1 does; after 3 epochs at batch 32, std 0.074 reaches 97.65% and 0.03 reaches 98.0%.
+    the number of input capsules: small, in the squash's linear-to-quadratic range, never saturated (measured
+    against larger stds: docs/benchmarks.md#accuracy-on-the-bundled-sample).
     """
     return 1.0 / math.sqrt(in_caps)
 
@@ -51,6 +51,11 @@ class Router(nn.Module):
         detach_votes: stop gradients through û_j|i in every iteration but the last (a common variant;
             the paper's default, False, backpropagates through all of them).
         weight_std: initial std of W; defaults to :func:`default_weight_std`.
+        leaky: the paper's §7 "none-of-the-above" routing (its CIFAR-10 model): an extra logit of zero joins the
+            softmax over the output capsules, so an input capsule can send part of its vote nowhere; that share is
+            dropped afterwards (the official code's `_leaky_routing`).
+        bias: a learned bias per output capsule [out_caps, out_d], added to s_j before the squash in every
+            iteration (the official code's capsule layers have one; the paper does not mention it).
         fast: use a fast path with a hand-derived backward (fp32 under autocast) instead of the plain autograd
             path (:func:`route_votes` + :func:`dynamic_routing`): on CPUs the fused C++ kernel of
             :mod:`capsnet.routing.dynamic_cpu` (built at first use; ``CAPSNET_NO_EXT=1`` disables it), elsewhere,
@@ -58,7 +63,8 @@ class Router(nn.Module):
             function; the fast ones support a single backward pass only, so set ``router.fast = False`` for double
             backward (e.g. gradient penalties).
 
-    `weight` has the seed's layout (in_caps, out_caps, in_d, out_d), so its state dicts load unchanged.
+    `weight` has the layout of labml's reference code (in_caps, out_caps, in_d, out_d), so its state dicts load
+    unchanged.
     """
 
     def __init__(
@@ -72,6 +78,8 @@ class Router(nn.Module):
         detach_votes: bool = False,
         weight_std: float | None = None,
         fast: bool = True,
+        leaky: bool = False,
+        bias: bool = False,
     ):
         super().__init__()
         if min(in_caps, out_caps, in_d, out_d) < 1:
@@ -85,6 +93,8 @@ class Router(nn.Module):
         self.chunk: int | None = None  # batch chunk of the fast path; None: capsnet.routing.default_chunk
         self.weight = nn.Parameter(torch.empty(in_caps, out_caps, in_d, out_d))
         self.weight_std = default_weight_std(in_caps) if weight_std is None else weight_std
+        self.leaky = leaky
+        self.bias = nn.Parameter(torch.zeros(out_caps, out_d)) if bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -94,6 +104,7 @@ class Router(nn.Module):
         return (
             f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}, "
             f"iterations={self.iterations}, detach_votes={self.detach_votes}"
+            + (", leaky=True" if self.leaky else "") + (", bias=True" if self.bias is not None else "")
         )
 
     def _check_input(self, u: torch.Tensor) -> None:
@@ -109,16 +120,33 @@ class Router(nn.Module):
         """Eq. 2: û_j|i = W_ij u_i   [B, in_caps, out_caps, out_d]."""
         return route_votes(self.weight, u)
 
-    def forward(self, u: torch.Tensor, *, return_coupling: bool = False) -> torch.Tensor | RoutingResult:
+    def forward(
+        self, u: torch.Tensor, a: torch.Tensor | None = None, *, return_coupling: bool = False,
+        return_weights: bool = False,
+    ) -> torch.Tensor | RoutingResult | RoutingOutput:  # fmt: skip
+        """u [B, in_caps, in_d] -> v [B, out_caps, out_d]. `return_coupling=True` gives labml's
+        RoutingResult(v, c); `return_weights=True` the RoutingOutput(v, c) every routing layer returns.
+        Dynamic routing has no input activations: `a` must be None."""
         self._check_input(u)
-        if self.fast and routing_cpu.applicable(u, self.weight):
+        if a is not None:
+            raise ValueError("Router (dynamic routing) takes no input activations (pass a=None)")
+        # The fused CPU kernel implements plain Procedure 1; the GEMM path also leaky routing and the bias (but not
+        # a bias with detach_votes: that takes the reference path, which materializes the votes [B, in, out, out_d]).
+        plain = not self.leaky and self.bias is None
+        fast = self.fast and not (self.bias is not None and self.detach_votes)
+        if fast and plain and routing_cpu.applicable(u, self.weight):
             v, c = routing_cpu.cpu_dynamic_routing(u, self.weight, self.iterations, detach_votes=self.detach_votes)
-        elif self.fast:
+        elif fast:
             v, c = fast_dynamic_routing(
-                u, self.weight, self.iterations, detach_votes=self.detach_votes, chunk=self.chunk
+                u, self.weight, self.iterations, detach_votes=self.detach_votes, chunk=self.chunk, leaky=self.leaky,
+                bias=self.bias,
             )
         else:
-            v, c = dynamic_routing(self.votes(u), self.iterations, detach_votes=self.detach_votes)
+            v, c = dynamic_routing(
+                self.votes(u), self.iterations, detach_votes=self.detach_votes, leaky=self.leaky, bias=self.bias
+            )
+        if return_weights:
+            return RoutingOutput(v, c)
         return RoutingResult(v, c) if return_coupling else v
 
 
@@ -131,18 +159,32 @@ def route_votes(weight: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def dynamic_routing(
-    u_hat: torch.Tensor, iterations: int, *, detach_votes: bool = False
+    u_hat: torch.Tensor, iterations: int, *, detach_votes: bool = False, leaky: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Procedure 1 on precomputed votes û [B, in, out, out_d]. Returns v [B, out, out_d] and the final c."""
+    """Procedure 1 on precomputed votes û [B, in, out, out_d]. Returns v [B, out, out_d] and the final c.
+
+    `leaky`: §7's extra zero logit in the softmax over the outputs (its share dropped); `bias` [out, out_d]: added to
+    s_j before the squash (see :class:`Router`)."""
     batch, n_in, n_out, _ = u_hat.shape
     u_hat_routing = u_hat.detach() if detach_votes else u_hat
     b = u_hat.new_zeros(batch, n_in, n_out)  # b_ij ← 0  [B, in, out]
     for r in range(iterations):
         last = r == iterations - 1
         votes = u_hat if last else u_hat_routing
-        c = F.softmax(b, dim=2)  # Eq. 3: c_ij = softmax_j(b_ij), over the output capsules  [B, in, out]
+        c = leaky_softmax(b) if leaky else F.softmax(b, dim=2)  # Eq. 3: c_ij = softmax_j(b_ij)  [B, in, out]
         s = torch.einsum("bij,bijm->bjm", c, votes)  # s_j = Σ_i c_ij û_j|i  [B, out, out_d]
+        if bias is not None:
+            s = s + bias.to(s.dtype)  # the official code's per-capsule bias  [B, out, out_d]
         v = squash(s)  # Eq. 1  [B, out, out_d]
         if not last:  # the update after the last pass would never be used
             b = b + torch.einsum("bjm,bijm->bij", v, votes)  # b_ij ← b_ij + û_j|i · v_j
     return v, c
+
+
+def leaky_softmax(b: torch.Tensor) -> torch.Tensor:
+    """§7 "none-of-the-above": softmax over the outputs (last dim) with an extra logit 0, whose share is dropped.
+
+    c_ij = exp(b_ij) / (1 + Σ_k exp(b_ik))   b [..., out] -> c [..., out], Σ_j c_ij < 1."""
+    padded = torch.cat([b, b.new_zeros(*b.shape[:-1], 1)], dim=-1)
+    return F.softmax(padded, dim=-1)[..., :-1]

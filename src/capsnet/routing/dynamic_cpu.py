@@ -27,8 +27,6 @@ from types import ModuleType
 
 import torch
 
-from .dynamic_fast import _own
-
 _SOURCE = Path(__file__).with_name("csrc") / "routing_cpu.cpp"
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "module": the loaded extension or None after a failure; "error": why
@@ -100,8 +98,18 @@ def load(verbose: bool = False, *, raise_errors: bool = False) -> ModuleType | N
     return _state["module"]  # type: ignore[return-value]
 
 
+def _kernel() -> ModuleType:
+    """The loaded extension; a build failure raises (as `load(raise_errors=True)`)."""
+    module = load(raise_errors=True)
+    if module is None:  # CAPSNET_NO_EXT: callers check `load()` first, so this is a bug if it happens
+        raise RuntimeError("capsnet: the CPU routing kernel is disabled (CAPSNET_NO_EXT)")
+    return module
+
+
+@torch.compiler.assume_constant_result
 def available() -> bool:
-    """Whether the fused kernel can be used (builds it on the first call)."""
+    """Whether the fused kernel can be used (builds it on the first call). torch.compile takes the answer as a
+    constant, so the lock and the build stay out of the traced graph."""
     return load() is not None
 
 
@@ -110,40 +118,91 @@ def applicable(u: torch.Tensor, weight: torch.Tensor) -> bool:
     return u.device.type == "cpu" and weight.device.type == "cpu" and available()
 
 
-class CpuRouting(torch.autograd.Function):
-    """Procedure 1 by the fused kernel. u [B, in, in_d], W [in, out, in_d, out_d] (same dtype, float32/64).
+# ------------------------------------------------------------------------------------------------ custom ops
+# The kernel's forward and backward are the operators `capsnet::routing_cpu` and `capsnet::routing_cpu_backward`
+# (CPU only), so torch.compile keeps each as one node; see capsnet.routing.dynamic_fast for the conventions.
 
-    Outputs v [B, out, out_d] and the final coupling coefficients c [B, in, out]. Once differentiable.
+
+@torch.library.custom_op("capsnet::routing_cpu", mutates_args=(), device_types="cpu")
+def _routing_cpu_op(
+    u: torch.Tensor, weight: torch.Tensor, iterations: int, detach_votes: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(v [B, out, out_d], c [B, in, out], c_all [r-1, B, in, out], s_all [B, r, out, out_d], and private
+    contiguous copies of u and W for the backward pass); detach_votes matters to the backward pass only."""
+    u_c = torch.empty_like(u, memory_format=torch.contiguous_format).copy_(u)
+    w_c = torch.empty_like(weight, memory_format=torch.contiguous_format).copy_(weight)
+    v, c_all, s_all = _kernel().forward(u_c, w_c, iterations)
+    if iterations > 1:
+        c = c_all[-1].clone()
+    else:  # the single pass couples uniformly
+        c = u.new_full((u.shape[0], weight.shape[0], weight.shape[1]), 1.0 / weight.shape[1])
+    return v, c, c_all, s_all, u_c, w_c
+
+
+@_routing_cpu_op.register_fake
+def _(u, weight, iterations, detach_votes):
+    batch, n_in, _ = u.shape
+    _, n_out, _, d_out = weight.shape
+    return (u.new_empty(batch, n_out, d_out), u.new_empty(batch, n_in, n_out),
+            u.new_empty(iterations - 1, batch, n_in, n_out), u.new_empty(batch, iterations, n_out, d_out),
+            torch.empty_like(u, memory_format=torch.contiguous_format),
+            torch.empty_like(weight, memory_format=torch.contiguous_format))
+
+
+@torch.library.custom_op("capsnet::routing_cpu_backward", mutates_args=(), device_types="cpu")
+def _routing_cpu_backward_op(
+    grad_v: torch.Tensor | None, grad_c: torch.Tensor | None, u: torch.Tensor, weight: torch.Tensor,
+    c_all: torch.Tensor, s_all: torch.Tensor, iterations: int, detach_votes: bool, need_u: bool, need_w: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dL/du [B, in, in_d], dL/dW [in, out, in_d, out_d]), both contiguous; an empty tensor stands for a gradient
+    that is not needed."""
+    grad_u, grad_w = _kernel().backward(
+        grad_v, grad_c, u, weight, c_all, s_all, iterations, detach_votes, need_u, need_w
+    )
+    return (grad_u if need_u else u.new_empty(0)), (grad_w if need_w else weight.new_empty(0))
+
+
+@_routing_cpu_backward_op.register_fake
+def _(grad_v, grad_c, u, weight, c_all, s_all, iterations, detach_votes, need_u, need_w):
+    contiguous = torch.contiguous_format
+    return (torch.empty_like(u, memory_format=contiguous) if need_u else u.new_empty(0),
+            torch.empty_like(weight, memory_format=contiguous) if need_w else weight.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    _, _, iterations, detach_votes = inputs
+    _, _, c_all, s_all, u_c, w_c = output
+    ctx.mark_non_differentiable(c_all, s_all, u_c, w_c)
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(u_c, w_c, c_all, s_all)
+    ctx.iterations, ctx.detach_votes = iterations, detach_votes
+
+
+def _backward(ctx, grad_v, grad_c, *_):
+    u, weight, c_all, s_all = ctx.saved_tensors
+    need_u, need_w = ctx.needs_input_grad[:2]
+    if (grad_v is None and grad_c is None) or not (need_u or need_w):
+        return None, None, None, None
+    grad_u, grad_w = _routing_cpu_backward_op(
+        grad_v, grad_c, u, weight, c_all, s_all, ctx.iterations, ctx.detach_votes, need_u, need_w
+    )
+    return (grad_u if need_u else None), (grad_w if need_w else None), None, None
+
+
+_routing_cpu_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class CpuRouting:
+    """Procedure 1 by the fused kernel: the `capsnet::routing_cpu` operator.
+
+    `CpuRouting.apply(u [B, in, in_d], W [in, out, in_d, out_d], iterations, detach_votes)` (same dtype,
+    float32/64) returns v [B, out, out_d] and the final coupling coefficients c [B, in, out]. Once differentiable.
     """
 
     @staticmethod
-    def forward(ctx, u, weight, iterations, detach_votes):
-        ctx.set_materialize_grads(False)
-        ext = load(raise_errors=True)
-        # Private contiguous copies (so that later in-place changes of the inputs can't reach the backward pass).
-        u_c, w_c = _own(u.contiguous(), u), _own(weight.contiguous(), weight)
-        v, c_all, s_all = ext.forward(u_c, w_c, iterations)  # c_all [r-1, B, in, out], s_all [B, r, out, out_d]
-        if iterations > 1:
-            c = c_all[-1].clone()
-        else:  # the single pass couples uniformly
-            c = u.new_full((u.shape[0], weight.shape[0], weight.shape[1]), 1.0 / weight.shape[1])
-        ctx.save_for_backward(u_c, w_c, c_all, s_all)
-        ctx.config = (iterations, detach_votes)
+    def apply(u, weight, iterations, detach_votes):
+        v, c, *_ = _routing_cpu_op(u, weight, iterations, detach_votes)
         return v, c
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_v, grad_c):
-        u, weight, c_all, s_all = ctx.saved_tensors
-        iterations, detach_votes = ctx.config
-        need_u, need_w = ctx.needs_input_grad[:2]
-        if (grad_v is None and grad_c is None) or not (need_u or need_w):
-            return None, None, None, None
-        grad_u, grad_w = load(raise_errors=True).backward(
-            grad_v, grad_c, u, weight, c_all, s_all, iterations, detach_votes,
-            need_u, need_w,
-        )
-        return (grad_u if need_u else None), (grad_w if need_w else None), None, None
 
 
 def cpu_dynamic_routing(

@@ -4,6 +4,8 @@
     RUN_DIR/summary.csv    one row per epoch (COLUMNS)
     RUN_DIR/last/, best/   save_pretrained folders (config.json + model.safetensors)
     RUN_DIR/state.pt       resumable state: weights, optimizer, scheduler, epoch/step, RNG states, history
+                           (RNG: the CPU generator, every rank's augmentation stream, and on CUDA the device's
+                           generator, e.g. for dropout)
     RUN_DIR/tb/            TensorBoard scalars, when tensorboard is installed
 
 state.pt holds only tensors, numbers, strings, lists and dicts, so it loads with `torch.load(weights_only=True)`.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import pickle
 from pathlib import Path
@@ -49,6 +52,31 @@ def load_state(run_dir: Path, map_location: str | torch.device = "cpu") -> dict[
     return state
 
 
+def get_rng_states(device: torch.device, augment_rng: torch.Generator, dist) -> dict[str, Any]:
+    """The random streams a resume restores: {"torch": CPU state, "augment": [every rank's augmentation stream],
+    "cuda": the training GPU's default generator (only when training on CUDA)}. A collective under torchrun (the
+    augmentation streams are gathered to every rank), so every rank must call it."""
+    augment = [augment_rng.get_state()]
+    if dist.enabled:
+        augment = [torch.empty_like(augment[0]) for _ in range(dist.world_size)]
+        torch.distributed.all_gather_object(augment, augment_rng.get_state())
+    states = {"torch": torch.get_rng_state(), "augment": [r.cpu() for r in augment]}
+    if device.type == "cuda":  # (all ranks draw alike from it, so rank 0's stands for every rank's)
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    return states
+
+
+def set_rng_states(states: dict[str, Any], device: torch.device, augment_rng: torch.Generator, dist) -> None:
+    """Restore what :func:`get_rng_states` saved: each rank's augmentation stream when the number of processes is
+    the same, and the CUDA generator when the state has one and the run is on CUDA (older states have none)."""
+    torch.set_rng_state(states["torch"].cpu())
+    saved = states["augment"]
+    if len(saved) == dist.world_size:  # same number of processes: continue each stream exactly
+        augment_rng.set_state(saved[dist.rank].cpu())
+    if "cuda" in states and device.type == "cuda":
+        torch.cuda.set_rng_state(states["cuda"].cpu(), device)
+
+
 def write_summary(run_dir: Path, history: list[dict[str, float]]) -> None:
     """Rewrite summary.csv from the whole history (so a resumed run never duplicates a row)."""
     buf = io.StringIO()
@@ -60,15 +88,20 @@ def write_summary(run_dir: Path, history: list[dict[str, float]]) -> None:
         f.write(buf.getvalue())
 
 
-def read_summary(run_dir: Path) -> list[dict[str, float]]:
-    path = Path(run_dir) / SUMMARY_NAME
+def read_summary(run_dir: str | os.PathLike) -> list[dict[str, float]]:
+    """The rows of a run's summary.csv (`run_dir` is the run folder or the file itself), as floats; a blank
+    cell reads as NaN. An empty list when no epoch is recorded yet."""
+    path = Path(run_dir)
+    path = path / SUMMARY_NAME if path.is_dir() else path
     if not path.is_file():
         raise CheckpointError(f"{run_dir}: no {SUMMARY_NAME}")
-    with open(path, newline="", encoding="utf-8") as f:
-        try:
-            return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
-        except (TypeError, ValueError) as e:
-            raise CheckpointError(f"{path}: malformed ({e})") from None
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            return [{k: float(v) if v != "" else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise CheckpointError(f"{path}: cannot read ({e})") from None
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: malformed ({e})") from None
 
 
 def _fmt(x: float) -> str:

@@ -3,18 +3,39 @@ for image files."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
 from ..data.datasets import load_dataset
-from ..data.images import load_image
-from ..data.split import Split
+from ..data.imageaug import center_crop
+from ..data.images import load_image, load_image_resized
+from ..data.split import Split, to_float
 from ..errors import DatasetError
+from ..models.inputs import image_hw
 from ..models.pretrained import load_pretrained
 from . import distributed as dist_utils
 from .checkpoint import resolve_checkpoint
+from .ensemble import Ensemble
+
+
+def check_split(model: torch.nn.Module, split: Split, *, source: str) -> None:
+    """DatasetError unless `split` fits `model`: images [N, in_channels, H, W] of the model's input size, or of the
+    size it recorded before its training crops (`source_size`; centre-cropped by :func:`evaluate`), labels in
+    [0, n_classes). `source` names the data in the message."""
+    cfg: Any = model.config
+    want = (cfg.in_channels, *image_hw(cfg.image_size))
+    got_shape = tuple(split.images.shape[1:])
+    uncropped = (cfg.in_channels, *getattr(cfg, "source_size", ()))
+    if got_shape not in (want, uncropped):
+        got = "x".join(map(str, split.images.shape[1:]))
+        raise DatasetError(f"{source}: images are {got}, the model expects {'x'.join(map(str, want))}")
+    if len(split) and (int(split.labels.min()) < 0 or int(split.labels.max()) >= cfg.n_classes):
+        top = int(split.labels.max())
+        raise DatasetError(f"{source}: labels go up to {top}, the model has {cfg.n_classes} classes")
 
 
 @torch.no_grad()
@@ -36,21 +57,21 @@ def evaluate(
     device = torch.device(device)
     was_training = model.training
     model.eval()
-    n_classes = model.config.n_classes
+    n_classes: int = cast(Any, model.config).n_classes
     images, labels = split.images[dist.rank :: dist.world_size], split.labels[dist.rank :: dist.world_size]
-    confusion = torch.zeros(n_classes, n_classes, dtype=torch.float64)
-    loss_sum = 0.0
+    # The loss sum and the confusion counts stay on the device, read once at the end.
+    sums = torch.zeros(1 + n_classes * n_classes, dtype=torch.float64, device=device)  # [loss sum, confusion...]
     for start in range(0, len(labels), batch_size):
-        x = images[start : start + batch_size].to(device).float().div_(255.0)
+        x = fit_to_model(to_float(images[start : start + batch_size].to(device)), model.config)
         y = labels[start : start + batch_size].to(device)
         out = model(x)
-        loss, _ = model.loss(out, x, y)
-        loss_sum += loss.item() * len(y)
-        idx = y.cpu() * n_classes + out.predictions.cpu()
-        confusion += torch.bincount(idx, minlength=n_classes * n_classes).view(n_classes, n_classes)
+        loss, _ = cast(Any, model).loss(out, x, y)
+        sums[0] += loss.detach().double() * len(y)
+        cell = 1 + y * n_classes + out.predictions  # confusion[true, predicted], flattened after the loss slot
+        sums.index_add_(0, cell, torch.ones_like(cell, dtype=torch.float64))
     model.train(was_training)
-    flat = dist_utils.all_sum([loss_sum, *confusion.flatten().tolist()], dist, device)
-    loss_sum, confusion = flat[0], torch.tensor(flat[1:], dtype=torch.float64).view(n_classes, n_classes)
+    flat = dist_utils.all_sum_tensor(sums, dist).cpu()
+    loss_sum, confusion = flat[0].item(), flat[1:].view(n_classes, n_classes)
     n = int(confusion.sum().item())
     totals = confusion.sum(dim=1)
     per_class = [(confusion[k, k] / totals[k]).item() if totals[k] > 0 else float("nan") for k in range(n_classes)]
@@ -64,7 +85,7 @@ def evaluate(
 
 
 def evaluate_checkpoint(
-    checkpoint: str | os.PathLike,
+    checkpoint: str | os.PathLike | list[str | os.PathLike],
     *,
     dataset: str = "mnist-sample",
     data_dir: str | None = None,
@@ -72,27 +93,73 @@ def evaluate_checkpoint(
     batch_size: int = 250,
     device: str = "cpu",
 ) -> dict:
-    """Load a run folder or save_pretrained folder and evaluate it on a data set split."""
-    model = load_pretrained(resolve_checkpoint(checkpoint), map_location=device)
-    data = load_dataset(dataset, data_dir=data_dir)
+    """Load a run folder or save_pretrained folder and evaluate it on a data set split. Several checkpoints are
+    evaluated as one :class:`capsnet.training.ensemble.Ensemble` (their capsule lengths averaged).
+
+    Image folders are converted as for training: to the size the model recorded (before its crops) and channels."""
+    paths = list(checkpoint) if isinstance(checkpoint, (list, tuple)) else [checkpoint]
+    models = [load_pretrained(resolve_checkpoint(c), map_location=device) for c in paths]
+    model = models[0] if len(models) == 1 else Ensemble(models)
+    cfg: Any = model.config
+    size = tuple(getattr(cfg, "source_size", ())) or image_hw(cfg.image_size)
+    data = load_dataset(dataset, data_dir=data_dir, image_size=size, channels=cfg.in_channels,
+                        **_run_data_options(paths[0]))  # fmt: skip
     chosen = data.test if split == "test" else data.train
     if chosen is None:
         raise DatasetError(f"{data.source}: has no {split} split")
-    want = (model.config.in_channels, model.config.image_size, model.config.image_size)
-    if tuple(chosen.images.shape[1:]) != want:
-        got = "x".join(map(str, chosen.images.shape[1:]))
-        raise DatasetError(f"{data.source}: images are {got}, the model expects {'x'.join(map(str, want))}")
+    check_split(model, chosen, source=data.source)
     result = evaluate(model, chosen, batch_size=batch_size, device=device)
-    result.update(checkpoint=str(checkpoint), dataset=data.name, split=split)
+    result.update(checkpoint=str(paths[0]) if len(paths) == 1 else [str(p) for p in paths], dataset=data.name,
+                  split=split, class_names=[class_name(cfg, k) for k in range(cfg.n_classes)])  # fmt: skip
     return result
+
+
+def _run_data_options(checkpoint) -> dict:
+    """A single image folder is split as the training run split it: its val_fraction, from the run's config.json
+    (when `checkpoint` is a run folder)."""
+    path = Path(checkpoint) / "config.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        fraction = meta["train"]["val_fraction"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {"val_fraction": fraction} if isinstance(fraction, (int, float)) else {}
+
+
+def fit_to_model(x: torch.Tensor, cfg) -> torch.Tensor:
+    """Centre-crop images [B, C, H, W] larger than the model's input to its size (the test-time counterpart of
+    training on random crops); images of the model's size pass unchanged."""
+    h, w = image_hw(cfg.image_size)
+    return x if tuple(x.shape[-2:]) == (h, w) else center_crop(x, (h, w))
+
+
+def prepare_image(path: str | Path, cfg) -> torch.Tensor:
+    """One image file as the model's input [C, H, W]: MNIST's preprocessing (inversion of light backgrounds, a
+    20/28 box) for models trained on digit sets; otherwise converted and resized like the training images (to
+    the size before cropping, then centre-cropped)."""
+    h, w = image_hw(cfg.image_size)
+    if getattr(cfg, "digits", True):
+        if h != w:
+            raise DatasetError(f"{path}: digit preprocessing needs a square model input, not {h}x{w}")
+        return load_image(path, size=h, channels=cfg.in_channels)
+    size = tuple(getattr(cfg, "source_size", ())) or (h, w)
+    return fit_to_model(load_image_resized(path, size=size, channels=cfg.in_channels)[None], cfg)[0]
+
+
+def class_name(cfg, k: int) -> str:
+    """Class k's name as the model recorded it from its training data, else str(k)."""
+    names = getattr(cfg, "class_names", ())
+    return names[k] if k < len(names) else str(k)
 
 
 @torch.no_grad()
 def predict(model: torch.nn.Module, images: list[str | Path]) -> list[dict]:
     cfg = model.config
-    batch = torch.stack([load_image(p, size=cfg.image_size, channels=cfg.in_channels) for p in images])
+    device = next(model.parameters()).device
+    batch = torch.stack([prepare_image(p, cfg) for p in images]).to(device)
     out = model.eval()(batch)
     return [
-        {"image": str(p), "class": int(c), "lengths": [round(float(x), 6) for x in row]}
+        {"image": str(p), "class": int(c), "name": class_name(cfg, int(c)),
+         "lengths": [round(float(x), 6) for x in row]}
         for p, c, row in zip(images, out.predictions.tolist(), out.lengths.tolist())
-    ]
+    ]  # fmt: skip

@@ -16,16 +16,16 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..data.augment import random_shift
-from ..data.batching import iterate_batches, num_batches
+from ..data.batching import epoch_indices, iterate_batches, num_batches
 from ..data.datasets import load_dataset
-from ..data.split import Split
+from ..data.imageaug import AugmentSpec, resolve_augment
+from ..data.split import Split, to_float
 from ..errors import DatasetError
 from . import distributed as dist_utils
 from .evaluate import evaluate
@@ -43,10 +43,10 @@ class Task:
 
     name: str = "task"
     in_channels: int = 1
-    image_size: int = 28
+    image_size: int | tuple[int, int] = 28  # (height, width) when not square
     n_classes: int = 10
 
-    def model_fields(self) -> dict[str, int]:
+    def model_fields(self) -> dict[str, Any]:
         """Model options that come from the data rather than from flags."""
         return {"in_channels": self.in_channels, "image_size": self.image_size, "n_classes": self.n_classes}
 
@@ -56,7 +56,7 @@ class Task:
     def batches(
         self, *, epoch: int, batch_size: int, seed: int, rank: int, world_size: int, device: torch.device,
         generator: torch.Generator, start: int = 0,
-    ) -> Iterator[Batch]:  # fmt: skip
+    ) -> Iterator[Batch]:
         """The batches `start`, ..., num_batches(...) - 1 of `epoch`; deterministic given (seed, epoch, rank) and
         the state of `generator`, which a resumed run restores (so skipped batches must not draw from it)."""
         raise NotImplementedError
@@ -68,8 +68,9 @@ class Task:
     def forward(self, module: nn.Module, batch: Batch):
         return module(batch.images, batch.targets)
 
-    def loss(self, model: nn.Module, out, batch: Batch) -> tuple[torch.Tensor, float]:
-        """(loss to minimise, number of correctly classified examples in the batch)."""
+    def loss(self, model: nn.Module, out, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss to minimise, number of correctly classified examples in the batch): both tensors on the training
+        device, so that the step never waits for the device (the loop sums them there)."""
         raise NotImplementedError
 
     def evaluate(self, model: nn.Module, *, batch_size: int, device: torch.device, dist: dist_utils.DistInfo) -> dict:
@@ -86,46 +87,126 @@ class ClassificationTask(Task):
 
     name = "classification"
 
-    def __init__(self, *, train: Split, test: Split, n_classes: int = 10, shift: int = 2, source: str = "data"):
+    def __init__(
+        self, *, train: Split, test: Split, n_classes: int = 10, shift: int = 2, source: str = "data",
+        augment: AugmentSpec | None = None, class_names: tuple[str, ...] = (), digits: bool = True,
+    ):
         _, channels, height, width = train.images.shape
-        if height != width:
-            raise DatasetError(f"{source}: images are {height}x{width}; CapsNet expects square images")
         self.train, self.test, self.shift = train, test, shift
-        self.in_channels, self.image_size, self.n_classes = channels, height, n_classes
+        # The training augmentation (default: the paper's shift) and what the model records of the data.
+        self.spec = augment if augment is not None else AugmentSpec(shift=shift)
+        h, w = self.spec.output_size(height, width)  # the model's input: the (random / centre) crop
+        self.in_channels, self.image_size, self.n_classes = channels, (h if h == w else (h, w)), n_classes
+        self.class_names, self.digits = tuple(class_names), digits
+        self.source_size = (height, width) if (h, w) != (height, width) else ()
+        self.recorded = {"augment": str(self.spec)}
+        self._resident: dict[tuple[str, str], Split | None] = {}  # (split, device) -> its copy there, or None
 
     @classmethod
     def from_config(cls, config) -> ClassificationTask:
         """Build from a TrainConfig's dataset, data_dir, train_subset, test_subset and shift."""
-        data = load_dataset(config.dataset, data_dir=config.data_dir)
+        # Image folders' options (a single folder's held-out split uses a fixed seed, the same for every run).
+        names = {"image_size": "image_size", "channels": "image_channels", "val_fraction": "val_fraction",
+                 "strict": "strict"}
+        options = {key: getattr(config, attr, None) for key, attr in names.items()}
+        data = load_dataset(config.dataset, data_dir=config.data_dir, **{k: v for k, v in options.items() if v})
         if data.train is None:
             raise DatasetError(f"{data.source}: holds only a test split; training needs the train-* files too")
+        spec = resolve_augment(getattr(config, "augment", "auto"), data.kind or "idx", shift=config.shift)
+        if spec.flip and data.digits:
+            raise DatasetError(f"{data.source}: a digit set; flipping digits changes their class (drop 'flip')")
         return cls(
             train=subset(data.train, config.train_subset), test=subset(data.test, config.test_subset),
-            n_classes=data.n_classes, shift=config.shift, source=data.source,
-        )  # fmt: skip
+            n_classes=data.n_classes, shift=config.shift, source=data.source, augment=spec,
+            class_names=data.class_names, digits=data.digits,
+        )
+
+    def model_fields(self) -> dict:
+        """The data fields of the model's config: input size (after the crop), channels, classes, and what the
+        model records of the data (standardization, class names, digit set, size before cropping)."""
+        return {**super().model_fields(), "standardize": self.spec.standardize, "class_names": self.class_names,
+                "digits": self.digits, "source_size": self.source_size}
 
     def num_batches(self, *, batch_size: int, world_size: int) -> int:
         return num_batches(len(self.train), batch_size=batch_size, world_size=world_size)
 
+    def on_device(self, which: str, device: torch.device) -> Split | None:
+        """The "train" or "test" split, moved to `device` once (uint8: 47 MB for MNIST's training set) when it
+        fits (:func:`fits_on_device`); None when it does not."""
+        key = (which, str(device))
+        if key not in self._resident:
+            split = getattr(self, which)
+            fits = fits_on_device(split.images.nbytes + split.labels.nbytes, device)
+            self._resident[key] = Split(split.images.to(device), split.labels.to(device)) if fits else None
+        return self._resident[key]
+
     def batches(self, *, epoch, batch_size, seed, rank, world_size, device, generator, start=0) -> Iterator[Batch]:
-        it = iterate_batches(
-            self.train, batch_size=batch_size, shuffle=True, seed=seed, epoch=epoch, rank=rank,
-            world_size=world_size, device=device,
-        )  # fmt: skip
+        device = torch.device(device)
+        opts = {"shuffle": True, "seed": seed, "epoch": epoch, "rank": rank, "world_size": world_size}
+        resident = self.on_device("train", device)
+        if resident is not None:  # gather, convert and augment on the device
+            it = iterate_batches(resident, batch_size=batch_size, device=device, **opts)
+            it = itertools.islice(it, start, None)
+        else:  # too large for the device: gathered on the host into pinned buffers, copied while the device computes
+            idx = epoch_indices(len(self.train), **opts)[start * batch_size :]
+            it = staged_batches(self.train, idx, batch_size=batch_size, device=device)
         # Skipped batches (a resumed epoch) draw no random numbers: the generator state was restored instead.
-        for images, labels in itertools.islice(it, start, None):
+        for images, labels in it:
             yield Batch(self.augment(images, generator), labels)
 
     def augment(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """The training augmentation: the paper's random shift (§5)."""
-        return random_shift(images, self.shift, generator=generator)
+        """The training augmentation (:class:`capsnet.data.imageaug.AugmentSpec`; by default the paper's random
+        shift, §5)."""
+        return self.spec(images, generator)
 
-    def loss(self, model, out, batch) -> tuple[torch.Tensor, float]:
+    def loss(self, model, out, batch) -> tuple[torch.Tensor, torch.Tensor]:
         loss, _ = model.loss(out, batch.images, batch.targets)
-        return loss, (out.predictions == batch.targets).sum().item()
+        return loss, (out.predictions == batch.targets).sum()
 
     def evaluate(self, model, *, batch_size, device, dist) -> dict:
-        return evaluate(model, self.test, batch_size=batch_size, device=device, dist=dist)
+        test = self.on_device("test", torch.device(device)) or self.test
+        return evaluate(model, test, batch_size=batch_size, device=device, dist=dist)
+
+
+# --------------------------------------------------------------------------------------- data on the device
+DEVICE_DATA_FRACTION = 0.25  # a split moves to an accelerator when it takes at most this share of its free memory
+
+
+def fits_on_device(nbytes: int, device: torch.device) -> bool:
+    """Whether a split of `nbytes` should live on `device`: always on the CPU (it is there already); on CUDA when it
+    takes at most DEVICE_DATA_FRACTION of the free memory, leaving the rest to the model and its activations."""
+    if device.type == "cpu":
+        return True
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return nbytes <= DEVICE_DATA_FRACTION * free
+    return False
+
+
+def staged_batches(split: Split, idx: torch.Tensor, *, batch_size: int, device: torch.device, depth: int = 2):
+    """(images float [B, C, H, W] in [0, 1], labels [B]) on `device` for the examples `idx` of a host-resident split.
+
+    Each uint8 batch is gathered on the host into one of `depth` page-locked (pinned) buffers and copied with
+    non_blocking=True: the copy runs while the device still computes the previous step, and the host gathers the
+    next batch meanwhile. A buffer is reused only once its copy has finished (a CUDA event, `depth` batches old).
+    """
+    pinned = device.type == "cuda"
+    shape = (batch_size, *split.images.shape[1:])
+    images = [torch.empty(shape, dtype=split.images.dtype, pin_memory=pinned) for _ in range(depth)]
+    labels = [torch.empty(batch_size, dtype=split.labels.dtype, pin_memory=pinned) for _ in range(depth)]
+    copied: list = [None] * depth
+    for k, lo in enumerate(range(0, len(idx), batch_size)):
+        take, slot = idx[lo : lo + batch_size], k % depth
+        if copied[slot] is not None:
+            copied[slot].synchronize()  # the copy out of this buffer, `depth` batches ago
+        x, y = images[slot][: len(take)], labels[slot][: len(take)]
+        torch.index_select(split.images, 0, take, out=x)
+        torch.index_select(split.labels, 0, take, out=y)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        if pinned:
+            copied[slot] = torch.cuda.Event()
+            copied[slot].record()
+        yield to_float(x), y
 
 
 # --------------------------------------------------------------------------------------- shared helpers
@@ -139,35 +220,21 @@ def seeded_generator(device: torch.device, *values: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(mix_seed(*values))
 
 
-def place_on_canvas(x: torch.Tensor, top: torch.Tensor, left: torch.Tensor, size: int) -> torch.Tensor:
-    """Paste each image x[b] [C, h, w] with its top-left corner at (top[b], left[b]) of a black size×size canvas.
-
-    x [B, C, h, w]; top, left int [B] (parts falling outside the canvas are cut off). Returns [B, C, size, size].
-    One gather for the whole batch: canvas pixel (y, x) reads image pixel (y - top, x - left), zero outside.
-    """
-    b = x.shape[0]
-    pad = size  # enough for any offset in [-size, size]
-    padded = F.pad(x, (pad, pad + size, pad, pad + size)).permute(0, 2, 3, 1)  # [B, h+3s, w+3s, C]
-    top, left = top.to(x.device).long(), left.to(x.device).long()
-    rows = torch.arange(size, device=x.device)[None, :] - top[:, None] + pad  # [B, size]
-    cols = torch.arange(size, device=x.device)[None, :] - left[:, None] + pad  # [B, size]
-    batch = torch.arange(b, device=x.device)[:, None, None]
-    return padded[batch, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2).contiguous()
-
-
 def evaluate_batches(model, batches, *, score, device: torch.device, dist: dist_utils.DistInfo) -> dict:
     """Loss and accuracy over `batches` (this rank's (Batch) share), summed over ranks.
 
-    `score(model, batch) -> (loss tensor, n correct)`; returns {"accuracy", "loss", "n"}.
+    `score(model, batch) -> (loss tensor, n correct)`; returns {"accuracy", "loss", "n"}. The sums stay on the
+    device until the end (one read).
     """
     was_training = model.training
     model.eval()
-    loss_sum, correct, count = 0.0, 0.0, 0.0
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
     with torch.no_grad():
         for batch in batches:
             loss, n_correct = score(model, batch)
             n = batch.images.shape[0]
-            loss_sum, correct, count = loss_sum + loss.item() * n, correct + n_correct, count + n
+            sums += torch.stack([loss.detach().double() * n, torch.as_tensor(n_correct, device=device).double(),
+                                 torch.tensor(float(n), dtype=torch.float64, device=device)])
     model.train(was_training)
-    loss_sum, correct, count = dist_utils.all_sum([loss_sum, correct, count], dist, device)
+    loss_sum, correct, count = dist_utils.all_sum_tensor(sums, dist).tolist()
     return {"accuracy": correct / max(count, 1), "loss": loss_sum / max(count, 1), "n": int(count)}

@@ -9,21 +9,32 @@ Output is deterministic for a fixed checkpoint and seed (PNG metadata carries no
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from ..data.batching import iterate_batches
 from ..data.datasets import load_dataset
-from ..data.split import Split
+from ..data.split import Split, to_float
 from ..errors import CapsNetError, CheckpointError, DatasetError
-from ..fileio import atomic_open
-from ..models.pretrained import load_pretrained
-from ..training.checkpoint import resolve_checkpoint
+from ..training.checkpoint import SUMMARY_NAME, read_summary, resolve_checkpoint
+from ..training.evaluate import check_split, evaluate, fit_to_model
+from .common import (
+    WRONG,
+    _figure,
+    _forward,
+    _frame,
+    _gray,
+    _model_device,
+    _mosaic,
+    _save,
+    distinct_classes,
+    load_capsnet,
+    run_folder_of,
+    select_examples,
+)
+from .routing import plot_routing, plot_routing_weights, routing_maps, routing_method
 
 __all__ = [
     "PERTURBATION_OFFSETS",
@@ -36,9 +47,10 @@ __all__ = [
     "plot_perturbation",
     "plot_reconstructions",
     "plot_routing",
-    "read_summary",
+    "plot_routing_weights",
     "resolve_checkpoint",
     "routing_maps",
+    "routing_method",
     "run_folder_of",
     "select_examples",
     "visualize",
@@ -46,126 +58,6 @@ __all__ = [
 
 # Fig. 4 of the paper: each dimension tweaked by -0.25 .. 0.25 in steps of 0.05 (11 values).
 PERTURBATION_OFFSETS: tuple[float, ...] = tuple(round(0.05 * k, 2) for k in range(-5, 6))
-SUMMARY_NAME = "summary.csv"
-WRONG = "tab:red"
-HIGHLIGHT = "tab:orange"
-
-
-# ----------------------------------------------------------------------------------------------- inputs
-
-
-def run_folder_of(path: str | os.PathLike) -> Path | None:
-    """The training run folder behind a checkpoint argument (the folder holding summary.csv), or None."""
-    p = Path(path).expanduser()
-    for candidate in (p, p.parent if p.name in ("best", "last") else None):
-        if candidate is not None and (candidate / SUMMARY_NAME).is_file():
-            return candidate
-    return None
-
-
-def load_capsnet(path: str | os.PathLike, *, device: str | torch.device = "cpu"):
-    """Load the CapsNet a checkpoint argument names (see :func:`resolve_checkpoint`), in eval mode."""
-    from ..models.capsnet import CapsNet
-
-    folder = resolve_checkpoint(path)
-    model = load_pretrained(folder, map_location=_device(device))
-    if not isinstance(model, CapsNet):
-        raise CheckpointError(f"{folder}: holds a {type(model).__name__}; capsnet visualize needs a CapsNet")
-    return model.eval()
-
-
-def _device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise CapsNetError(f"unknown device {device!r}; use cpu, cuda, cuda:K or auto") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise CapsNetError(f"device {device!r} requested but CUDA is not available")
-    return dev
-
-
-def _model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def select_examples(split: Split, n: int, *, seed: int = 0) -> torch.Tensor:
-    """Indices of `n` examples of `split`, drawn without replacement by a generator seeded with `seed`."""
-    if len(split) == 0:
-        raise DatasetError("the split holds no images")
-    g = torch.Generator().manual_seed(seed)
-    return torch.randperm(len(split), generator=g)[: max(1, min(n, len(split)))]
-
-
-def distinct_classes(labels: torch.Tensor, k: int) -> torch.Tensor:
-    """Positions of up to `k` entries of `labels`, preferring one per class, in order of first appearance."""
-    seen: set[int] = set()
-    first, rest = [], []
-    for pos, y in enumerate(labels.tolist()):
-        (rest if y in seen else first).append(pos)
-        seen.add(y)
-    return torch.tensor((first + rest)[: max(1, k)], dtype=torch.long)
-
-
-def _as_float_images(images: torch.Tensor) -> torch.Tensor:
-    return images.float().div(255.0) if images.dtype == torch.uint8 else images.float()
-
-
-@torch.no_grad()
-def _forward(model, images: torch.Tensor, *, return_coupling: bool = False):
-    x = _as_float_images(images).to(_model_device(model))
-    try:
-        return model(x, return_coupling=return_coupling)
-    except ValueError as e:  # image shape does not match the model's config
-        raise DatasetError(str(e)) from None
-
-
-# ---------------------------------------------------------------------------------------------- drawing
-
-
-def _figure(**kwargs):
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise CapsNetError("capsnet visualize needs matplotlib: pip install 'capsnet[viz]'") from None
-    return Figure(**kwargs)
-
-
-def _save(fig, out: str | os.PathLike) -> Path:
-    """Write `fig` as a PNG atomically; no Software/date metadata, so the bytes depend only on the content."""
-    out = Path(out)
-    with atomic_open(out, "wb") as f:
-        fig.savefig(f, format="png", dpi=100, metadata={"Software": None})
-    return out
-
-
-def _gray(ax, image: torch.Tensor) -> None:
-    """Show a [C, H, W] (C = 1 or 3) image in [0, 1] without ticks."""
-    img = image.detach().float().cpu().clamp(0, 1)
-    if img.shape[0] == 1:
-        ax.imshow(img[0].numpy(), cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
-    else:
-        ax.imshow(img.permute(1, 2, 0).numpy(), interpolation="nearest")
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
-def _mosaic(images: torch.Tensor, rows: int, cols: int, pad: int = 2) -> torch.Tensor:
-    """Tile images [rows·cols, C, H, W] into one [C, rows·(H+pad)-pad, cols·(W+pad)-pad] image, gaps at 1."""
-    c, h, w = images.shape[1:]
-    canvas = torch.ones(c, rows * (h + pad) - pad, cols * (w + pad) - pad)
-    for k, img in enumerate(images.detach().float().cpu().clamp(0, 1)):
-        r, q = divmod(k, cols)
-        canvas[:, r * (h + pad) : r * (h + pad) + h, q * (w + pad) : q * (w + pad) + w] = img
-    return canvas
-
-
-def _frame(ax, color: str, width: float = 3.0) -> None:
-    for spine in ax.spines.values():
-        spine.set_visible(True)
-        spine.set_edgecolor(color)
-        spine.set_linewidth(width)
 
 
 def _need_decoder(model, what: str) -> None:
@@ -180,7 +72,7 @@ def plot_reconstructions(
     each titled with the predicted and true label; wrong predictions in red."""
     _need_decoder(model, "plot_reconstructions")
     o = _forward(model, images)
-    x = _as_float_images(images).cpu()
+    x = to_float(images.cpu())
     recon, pred = o.reconstructions.cpu(), o.predictions.cpu()
     n = len(x)
     cols = min(per_row, n)
@@ -266,83 +158,17 @@ def plot_perturbation(
     return _save(fig, out)
 
 
-def routing_maps(coupling: torch.Tensor, n_types: int, grid: int) -> torch.Tensor:
-    """Coupling coefficients c [n_primary, n_classes] (primary index type-major: type·grid² + row·grid + col)
-    averaged over the capsule types: [n_classes, grid, grid]."""
-    c = coupling.detach().float().cpu().view(n_types, grid, grid, -1)
-    return c.mean(dim=0).permute(2, 0, 1)
-
-
-def plot_routing(model, image: torch.Tensor, label: int | None, out: str | os.PathLike) -> Path:
-    """Coupling coefficients c_ij for one image [C, H, W]: for each digit capsule j, a grid×grid map of the
-    mean over the primary capsule types of c_ij at each location; shared colour scale, prediction framed."""
-    cfg = model.config
-    o = _forward(model, image.unsqueeze(0), return_coupling=True)
-    maps = routing_maps(o.coupling[0], cfg.primary_types, cfg.primary_grid)
-    lengths, pred = o.lengths[0].cpu(), int(o.predictions[0])
-    n_classes = maps.shape[0]
-    cols = math.ceil(n_classes / 2)
-    fig = _figure(figsize=(2.9 + 1.75 * cols, 4.4), layout="constrained")
-    gs = fig.add_gridspec(2, cols + 2, width_ratios=[2.0, *([1.0] * cols), 0.09])
-    ax_img = fig.add_subplot(gs[:, 0])
-    _gray(ax_img, _as_float_images(image).cpu())
-    truth = "" if label is None else f"true {int(label)}, "
-    ax_img.set_title(f"input\n({truth}predicted {pred})", fontsize=10,
-                     color=WRONG if label is not None and int(label) != pred else "black")
-    vmin, vmax = float(maps.min()), float(maps.max())
-    if vmax - vmin < 1e-6:
-        vmin, vmax = vmin - 1e-3, vmax + 1e-3
-    im = None
-    for j in range(n_classes):
-        ax = fig.add_subplot(gs[j // cols, 1 + j % cols])
-        im = ax.imshow(maps[j].numpy(), cmap="viridis", vmin=vmin, vmax=vmax, interpolation="nearest")
-        ax.set_xticks([])
-        ax.set_yticks([])
-        is_pred = j == pred
-        ax.set_title(f"{'▶ ' if is_pred else ''}digit {j}\n|v|={float(lengths[j]):.2f}", fontsize=9,
-                     color=HIGHLIGHT if is_pred else "black", fontweight="bold" if is_pred else "normal")
-        if is_pred:
-            _frame(ax, HIGHLIGHT, 3.5)
-    cax = fig.add_subplot(gs[:, -1])
-    cb = fig.colorbar(im, cax=cax)
-    span = vmax - vmin
-    digits = max(2, min(8, 1 - math.floor(math.log10(span / 4))))
-    cb.ax.yaxis.set_major_formatter(f"{{x:.{digits}f}}")
-    cb.set_label(f"mean c_ij over the {cfg.primary_types} primary capsule types", fontsize=9)
-    cb.ax.tick_params(labelsize=8)
-    fig.suptitle(f"Routing: coupling of the {cfg.primary_grid}×{cfg.primary_grid} primary capsule locations "
-                 f"to each digit capsule (after {cfg.routing_iterations} iterations)", fontsize=11)
-    return _save(fig, out)
-
-
-def read_summary(path: str | os.PathLike) -> dict[str, list[float]]:
-    """Columns of a run's summary.csv as floats (a blank or non-numeric cell becomes NaN)."""
-    path = Path(path)
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise CheckpointError(f"{path}: cannot read ({e})") from None
-    if not rows:
-        raise CheckpointError(f"{path}: no epochs recorded yet")
-    if "epoch" not in rows[0]:
-        raise CheckpointError(f"{path}: no 'epoch' column (columns: {', '.join(k for k in rows[0] if k)})")
-
-    def num(s: Any) -> float:
-        try:
-            return float(s)
-        except (TypeError, ValueError):
-            return math.nan
-
-    return {k: [num(r.get(k)) for r in rows] for k in rows[0] if k}
-
-
 def plot_curves(summary: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Loss and accuracy per epoch from a run's summary.csv (or the run folder holding it)."""
     summary = Path(summary)
     if summary.is_dir():
         summary = summary / SUMMARY_NAME
-    cols = read_summary(summary)
+    rows = read_summary(summary)
+    if not rows:
+        raise CheckpointError(f"{summary}: no epochs recorded yet")
+    if "epoch" not in rows[0]:
+        raise CheckpointError(f"{summary}: no 'epoch' column (columns: {', '.join(k for k in rows[0] if k)})")
+    cols = {k: [r[k] for r in rows] for k in rows[0] if k}
     epochs = cols["epoch"]
 
     def present(key: str) -> bool:
@@ -378,20 +204,15 @@ def plot_curves(summary: str | os.PathLike, out: str | os.PathLike) -> Path:
     return _save(fig, out)
 
 
-@torch.no_grad()
 def confusion_matrix(model, split: Split, *, batch_size: int = 100, limit: int | None = None) -> torch.Tensor:
-    """Counts [n_classes, n_classes]: rows are true labels, columns predictions, over the first `limit`
-    examples of `split` (all by default)."""
+    """Counts [n_classes, n_classes] (rows: true labels, columns: predictions) over the first `limit` examples
+    of `split` (all by default), as :func:`capsnet.training.evaluate` counts them."""
     n = len(split) if limit is None else max(0, min(limit, len(split)))
     if n == 0:
         raise DatasetError("the split holds no images")
     part = Split(images=split.images[:n], labels=split.labels[:n])
-    k = max(model.config.n_classes, int(part.labels.max()) + 1)
-    counts = torch.zeros(k, k, dtype=torch.long)
-    for images, labels in iterate_batches(part, batch_size=batch_size, device=_model_device(model)):
-        pred = _forward(model, images).predictions.cpu()
-        counts += torch.bincount(labels.cpu() * k + pred, minlength=k * k).view(k, k)
-    return counts
+    result = evaluate(model, part, batch_size=batch_size, device=_model_device(model))
+    return torch.tensor(result["confusion"], dtype=torch.long)
 
 
 def plot_confusion(confusion, out: str | os.PathLike, *, title: str | None = None) -> Path:
@@ -444,26 +265,25 @@ def visualize(
     routing figure. Figures
     that do not apply (no decoder, no summary.csv) are skipped with a note through `log`.
     """
-    model = load_capsnet(checkpoint, device=device)
+    model = load_capsnet(checkpoint, device=device, any_model=True)
     run_dir = run_folder_of(checkpoint)
     data = load_dataset(dataset, data_dir=data_dir)
-    cfg = model.config
-    shape = tuple(data.test.images.shape[1:])
-    if shape != (cfg.in_channels, cfg.image_size, cfg.image_size):
-        raise DatasetError(f"{data.source}: images are {'×'.join(map(str, shape))}, the model expects "
-                           f"{cfg.in_channels}×{cfg.image_size}×{cfg.image_size}")
+    check_split(model, data.test, source=data.source)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     idx = select_examples(data.test, n, seed=seed)
-    images, labels = data.test.images[idx], data.test.labels[idx]
+    images, labels = fit_to_model(data.test.images[idx], model.config), data.test.labels[idx]  # centre crops
     written: dict[str, Path] = {}
-    if model.decoder is not None:
+    if getattr(model, "decoder", None) is not None:
         written["reconstructions"] = plot_reconstructions(model, images, labels, out_dir / "reconstructions.png")
         pick = distinct_classes(labels, n_perturb)
         written["perturbation"] = plot_perturbation(model, images[pick], labels[pick], out_dir / "perturbation.png")
     else:
         log("note: the model has no decoder; skipped reconstructions.png and perturbation.png")
-    written["routing"] = plot_routing(model, images[0], int(labels[0]), out_dir / "routing.png")
+    if _forward(model, images[:1], return_coupling=True).coupling is not None:
+        written["routing"] = plot_routing(model, images[0], int(labels[0]), out_dir / "routing.png")
+    else:
+        log(f"note: {type(model).__name__} has no routing weights; skipped routing.png")
     if run_dir is None:
         log(f"note: {checkpoint} is not a training run folder (no {SUMMARY_NAME}); skipped curves.png")
     else:

@@ -1,0 +1,274 @@
+"""Image folders: `root/<class>/*.png` (or jpg, jpeg, bmp, gif, webp, tif), one folder per class.
+
+Two layouts:
+  root/train/<class>/...  and  root/test/<class>/...  (or root/val/)   the given split
+  root/<class>/...                                                      split by `val_fraction`, stratified, seeded
+
+Class names are the sorted folder names. Images of mixed sizes and modes are converted at load time to
+`image_size` (H, W) and `channels` (1: greyscale, 3: RGB); by default the most common size and mode found.
+Decoding runs in threads (Pillow releases the GIL). The decoded uint8 array is cached as .npy under
+`cache_root()/folders/`, keyed on the files' paths, sizes and mtimes and the options, so a second run starts at
+once; a set larger than MMAP_BYTES is memory-mapped from there rather than read into memory.
+
+An unreadable file (empty, truncated, not an image) is skipped with one warning line naming the count and the
+first few paths; `strict=True` makes it an error. Pillow is the optional extra `capsnet[images]`.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import CapsNetError, DatasetError
+from ..fileio import atomic_open
+from .arrays import finish
+from .download import cache_root
+from .split import Split
+
+EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+MMAP_BYTES = 512 << 20  # decoded sets larger than this stay memory-mapped
+_GREY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
+CACHE_VERSION = 1
+
+
+def parse_size(text: str | int | tuple[int, int] | list[int] | None) -> tuple[int, int] | None:
+    """"32" -> (32, 32); "48x64" -> (48, 64) (H×W); ints and pairs pass through."""
+    if text is None:
+        return None
+    if isinstance(text, int):
+        size: tuple[int, ...] = (text, text)
+    elif isinstance(text, (tuple, list)):
+        size = tuple(int(v) for v in text) * (2 if len(text) == 1 else 1)
+    else:
+        try:
+            parts = [int(v) for v in str(text).lower().replace("×", "x").split("x")]
+        except ValueError:
+            raise DatasetError(f"image size {text!r}: expected H or HxW, e.g. 32 or 48x64") from None
+        size = tuple(parts) * (2 if len(parts) == 1 else 1)
+    if len(size) != 2 or min(size) < 1:
+        raise DatasetError(f"image size {text!r}: expected H or HxW with positive sides")
+    return size
+
+
+def _pillow():
+    try:
+        from PIL import Image
+    except ImportError:
+        raise CapsNetError("reading image folders needs Pillow: pip install 'capsnet[images]'") from None
+    return Image
+
+
+def _class_dirs(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _images_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in EXTENSIONS)
+
+
+def split_dirs(root: Path) -> tuple[Path, Path | None]:
+    """(train folder, test folder or None): root/train + root/test (or val), or root itself (then None)."""
+    if (root / "train").is_dir():
+        for name in ("test", "val"):
+            if (root / name).is_dir():
+                return root / "train", root / name
+        return root / "train", None
+    return root, None
+
+
+def detect(root: Path) -> bool:
+    """Whether `root` looks like an image folder: class folders (under train/ or directly) holding images."""
+    train, _ = split_dirs(root)
+    try:
+        return any(_images_in(d) for d in _class_dirs(train))
+    except OSError:
+        return False
+
+
+def _list_classes(folder: Path) -> dict[str, list[Path]]:
+    classes = {d.name: _images_in(d) for d in _class_dirs(folder)}
+    if not classes:
+        raise DatasetError(f"{folder}: no class folders (expected {folder}/<class>/<image files>)")
+    empty = [name for name, files in classes.items() if not files]
+    if empty:
+        raise DatasetError(
+            f"{folder / empty[0]}: class folder with no images (.png, .jpg, .jpeg, .bmp, .gif, .webp, .tif)"
+        )
+    return classes
+
+
+def _entries(root: Path, val_fraction: float, seed: int) -> tuple[list[str], list[tuple[Path, int]], int]:
+    """(class names, [(file, label)] with all training files first, number of training files)."""
+    train_dir, test_dir = split_dirs(root)
+    train_classes = _list_classes(train_dir)
+    names = sorted(train_classes)
+    if len(names) < 2:
+        raise DatasetError(f"{train_dir}: only one class folder ({names[0]}); a classifier needs at least 2")
+    index = {n: k for k, n in enumerate(names)}
+    if test_dir is not None:
+        test_classes = _list_classes(test_dir)
+        extra = sorted(set(test_classes) - set(names))
+        if extra:
+            raise DatasetError(f"{test_dir / extra[0]}: class {extra[0]!r} has no training folder in {train_dir}")
+        train = [(p, index[n]) for n in names for p in train_classes[n]]
+        test = [(p, index[n]) for n in sorted(test_classes) for p in test_classes[n]]
+        return names, train + test, len(train)
+    if not 0 < val_fraction < 1:
+        raise DatasetError(f"{root}: val_fraction must be in (0, 1) to split one folder, got {val_fraction}")
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for n in names:  # stratified: each class gives round(val_fraction · count) test images, at least one
+        files = train_classes[n]
+        order = rng.permutation(len(files))
+        n_test = min(max(1, round(val_fraction * len(files))), len(files) - 1) if len(files) > 1 else 0
+        test += [(files[i], index[n]) for i in sorted(order[:n_test])]
+        train += [(files[i], index[n]) for i in sorted(order[n_test:])]
+    if not test:
+        raise DatasetError(f"{root}: too few images to hold out a test split (give train/ and test/ folders)")
+    return names, train + test, len(train)
+
+
+def _probe(path: Path) -> tuple[int, int, int] | None:
+    """(height, width, channels) from the header, or None if the file is not an image Pillow can open."""
+    Image = _pillow()
+    try:
+        with Image.open(path) as im:
+            return im.size[1], im.size[0], 1 if im.mode in _GREY_MODES else 3
+    except Exception:  # Pillow raises many types for foreign or damaged files
+        return None
+
+
+def _decode(path: Path, size: tuple[int, int], channels: int) -> np.ndarray | None:
+    """uint8 [C, H, W] of the image converted and resized, or None if it cannot be decoded."""
+    Image = _pillow()
+    try:
+        with Image.open(path) as im:
+            im.load()
+            img = im.convert("L" if channels == 1 else "RGB")
+        if img.size != (size[1], size[0]):
+            img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+        arr = np.asarray(img, dtype=np.uint8)
+    except Exception:
+        return None
+    return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+
+
+def _cache_key(root: Path, files: list[Path], options: dict) -> str:
+    h = hashlib.sha256(json.dumps({"version": CACHE_VERSION, "root": str(root.resolve()), **options}).encode())
+    for p in files:
+        st = p.stat()
+        h.update(f"{p.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:20]
+
+
+def _warn_skipped(skipped: list[str], strict: bool, root: Path) -> None:
+    if not skipped:
+        return
+    first = ", ".join(skipped[:3]) + (f" (+{len(skipped) - 3} more)" if len(skipped) > 3 else "")
+    if strict:
+        raise DatasetError(f"{root}: {len(skipped)} unreadable image file(s): {first}")
+    print(f"capsnet: warning: skipped {len(skipped)} unreadable image file(s) in {root}: {first} "
+          "(--strict makes this an error)", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _decode_all(files, size, channels, workers, dest: Path | None) -> tuple[np.ndarray, np.ndarray]:
+    """Decode every file into uint8 [N, C, H, W] (a .npy memmap at `dest` when given) and a readable mask."""
+    shape = (len(files), channels, *size)
+    out = np.lib.format.open_memmap(dest, mode="w+", dtype=np.uint8, shape=shape) if dest else np.empty(shape, np.uint8)
+    ok = np.zeros(len(files), dtype=bool)
+
+    def work(i: int) -> None:
+        arr = _decode(files[i], size, channels)
+        if arr is not None:
+            out[i], ok[i] = arr, True
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(work, range(len(files))))
+    return out, ok
+
+
+def _decode_cached(root, files, size, channels, workers, cache: Path) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """(images, ok mask, target [C, H, W]) from the cache folder, decoding and writing it on a miss."""
+    meta_path = cache / "meta.json"
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        images = np.load(cache / "images.npy", mmap_mode="c")
+        if images.nbytes <= MMAP_BYTES:
+            images = np.array(images)
+        return images, np.load(cache / "ok.npy"), meta["shape"]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        probes = list(pool.map(_probe, files))
+    readable = [p for p in probes if p is not None]
+    if not readable:
+        raise DatasetError(f"{root}: none of the {len(files)} image files can be read")
+    size = size or collections.Counter(p[:2] for p in readable).most_common(1)[0][0]
+    channels = channels or collections.Counter(p[2] for p in readable).most_common(1)[0][0]
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = cache / f".images.{os.getpid()}.npy"
+        images, ok = _decode_all(files, size, channels, workers, tmp)
+        if isinstance(images, np.memmap):  # (always, with a cache folder)
+            images.flush()
+        ok &= np.array([p is not None for p in probes])
+        os.replace(tmp, cache / "images.npy")
+        with atomic_open(cache / "ok.npy", "wb") as f:
+            np.save(f, ok)
+        with atomic_open(cache / "meta.json", "w") as f:  # written last: its presence marks a complete entry
+            json.dump({"shape": [channels, *size], "root": str(root), "files": len(files)}, f)
+        return _decode_cached(root, files, None, None, workers, cache)
+    except OSError:  # a read-only cache folder: decode into memory, uncached
+        images, ok = _decode_all(files, size, channels, workers, None)
+        return images, ok & np.array([p is not None for p in probes]), [channels, *size]
+
+
+def load_folder(
+    root: str | os.PathLike,
+    *,
+    image_size: str | int | tuple[int, int] | None = None,
+    channels: int | None = None,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    strict: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    workers: int | None = None,
+    name: str | None = None,
+    source: str | None = None,
+):
+    """Load an image folder as a :class:`Dataset` (see the module docstring for the layouts and options)."""
+    root = Path(root)
+    size = parse_size(image_size)
+    if channels not in (None, 1, 3):
+        raise DatasetError(f"channels must be 1 (greyscale) or 3 (RGB), got {channels}")
+    _pillow()
+    names, entries, n_train = _entries(root, val_fraction, seed)
+    files = [p for p, _ in entries]
+    labels = np.array([k for _, k in entries], dtype=np.int64)
+    options = {"size": size, "channels": channels, "val_fraction": val_fraction, "seed": seed}
+    cache = cache_root(cache_dir) / "folders" / f"{root.resolve().name}-{_cache_key(root, files, options)}"
+    workers = workers or min(8, os.cpu_count() or 1)
+    images, ok, _ = _decode_cached(root, files, size, channels, workers, cache)
+    _warn_skipped([str(f) for f, good in zip(files, ok) if not good], strict, root)
+
+    def part(lo: int, hi: int) -> Split:
+        keep = ok[lo:hi]
+        x = images[lo:hi] if keep.all() else images[lo:hi][keep]  # a slice stays memory-mapped
+        return Split(torch.from_numpy(x), torch.from_numpy(labels[lo:hi][keep]))
+
+    train, test = part(0, n_train), part(n_train, len(files))
+    for split_name, split in (("train", train), ("test", test)):
+        counts = np.bincount(split.labels.numpy(), minlength=len(names))
+        if split_name == "train" and (counts == 0).any():
+            missing = names[int(np.flatnonzero(counts == 0)[0])]
+            raise DatasetError(f"{root}: class {missing!r} has no readable training image")
+    return finish(
+        name=name or root.resolve().name, source=source or str(root), train=train, test=test,
+        n_classes=len(names), class_names=tuple(names), where=str(root),
+    )  # fmt: skip

@@ -1,0 +1,195 @@
+"""Image augmentation for natural images, vectorized over the batch on its device, and each set's defaults.
+
+Every function takes float images [B, C, H, W] and a `torch.Generator` (random numbers are drawn on the
+generator's device, then moved to the images'), so a seeded generator gives the same result on every run; at zero
+strength each is the identity. :class:`AugmentSpec` combines them in the order of the official CapsNet code's
+CIFAR-10 input pipeline (github.com/Sarasra/models, research/capsules/input_data/cifar10): random crop, flip,
+brightness, contrast; then (in the model: `standardize`) per-image standardization. At test time the images are
+centre-cropped to the crop size (:func:`center_crop`, applied by :func:`capsnet.training.evaluate.evaluate`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ConfigError
+from .augment import random_shift
+
+
+def _draw(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """Uniform [0, 1) numbers drawn on the generator's device, moved to `device`."""
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    return torch.rand(shape, generator=generator, device=gen_device).to(device)
+
+
+def random_crop(x: torch.Tensor, size: tuple[int, int], *, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Each image's own random size[0]×size[1] window (one gather for the batch). x [B, C, H, W] -> [B, C, h, w]."""
+    b, _, h, w = x.shape
+    ch, cw = size
+    if ch > h or cw > w:
+        raise ValueError(f"crop {ch}x{cw} is larger than the images ({h}x{w})")
+    if (ch, cw) == (h, w):
+        return x
+    r = _draw((2, b), generator, x.device)
+    top = (r[0] * (h - ch + 1)).long().clamp_max(h - ch)
+    left = (r[1] * (w - cw + 1)).long().clamp_max(w - cw)
+    rows = top[:, None] + torch.arange(ch, device=x.device)  # [B, ch]
+    cols = left[:, None] + torch.arange(cw, device=x.device)  # [B, cw]
+    batch = torch.arange(b, device=x.device)[:, None, None]
+    return x.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2).contiguous()
+
+
+def center_crop(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """The central size[0]×size[1] window (the test-time counterpart of :func:`random_crop`)."""
+    h, w = x.shape[-2:]
+    ch, cw = size
+    if ch > h or cw > w:
+        raise ValueError(f"crop {ch}x{cw} is larger than the images ({h}x{w})")
+    top, left = (h - ch) // 2, (w - cw) // 2
+    return x[..., top : top + ch, left : left + cw]
+
+
+def random_flip(x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Mirror each image left-right with probability 1/2."""
+    flip = _draw((x.shape[0],), generator, x.device) < 0.5
+    return torch.where(flip[:, None, None, None], x.flip(-1), x)
+
+
+def random_brightness(x: torch.Tensor, max_delta: float, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Add one delta per image drawn from [-max_delta, max_delta] (tf.image.random_brightness); 0: identity."""
+    if max_delta == 0:
+        return x
+    delta = (_draw((x.shape[0],), generator, x.device) * 2 - 1) * max_delta
+    return x + delta.to(x.dtype)[:, None, None, None]
+
+
+def random_contrast(
+    x: torch.Tensor, lower: float, upper: float, *, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """(x - mean) · f + mean per image and channel, f drawn from [lower, upper] per image
+    (tf.image.random_contrast); lower = upper = 1: identity."""
+    if lower == upper == 1:
+        return x
+    f = (lower + _draw((x.shape[0],), generator, x.device) * (upper - lower)).to(x.dtype)[:, None, None, None]
+    mean = x.mean(dim=(2, 3), keepdim=True)
+    return (x - mean) * f + mean
+
+
+@dataclass(frozen=True)
+class AugmentSpec:
+    """One data set's augmentation. Written and parsed as a comma list, e.g. "crop=24,flip,brightness=0.247,
+    contrast=0.2:1.8,standardize" or "shift=2" or "none"."""
+
+    shift: int = 0  # random translation of up to N px, zero-padded (pad-and-crop back to the size; the paper's §5)
+    crop: tuple[int, int] | None = None  # random crop to H×W in training, centre crop at test
+    flip: bool = False  # random left-right mirror (never for digits)
+    brightness: float = 0.0  # max |delta|, in units of the [0, 1] range
+    contrast: tuple[float, float] = (1.0, 1.0)  # range of the contrast factor
+    standardize: bool = False  # per-image standardization (done by the model: its config records it)
+
+    def __post_init__(self) -> None:
+        lo, hi = self.contrast
+        if self.shift < 0 or self.brightness < 0 or not 0 <= lo <= hi:
+            raise ConfigError(f"augmentation {self}: need shift >= 0, brightness >= 0 and 0 <= contrast lo <= hi")
+        if self.crop is not None and min(self.crop) < 1:
+            raise ConfigError(f"augmentation crop must be positive, got {self.crop}")
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The training augmentation of a float batch [B, C, H, W] in [0, 1]; the result is clamped to [0, 1]."""
+        if self.crop is not None:
+            x = random_crop(x, self.crop, generator=generator)
+        if self.shift:
+            x = random_shift(x, self.shift, generator=generator)
+        if self.flip:
+            x = random_flip(x, generator=generator)
+        if self.brightness or self.contrast != (1.0, 1.0):
+            x = random_brightness(x, self.brightness, generator=generator)
+            x = random_contrast(x, *self.contrast, generator=generator).clamp_(0.0, 1.0)
+        return x
+
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        """The size of the augmented (and of the centre-cropped test) images for inputs of height × width."""
+        if self.crop is not None and (self.crop[0] > height or self.crop[1] > width):
+            raise ConfigError(f"augmentation crop {self.crop[0]}x{self.crop[1]} is larger than the {height}x{width} "
+                              "images")  # fmt: skip
+        return self.crop if self.crop is not None else (height, width)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.crop is not None:
+            parts.append(f"crop={self.crop[0]}x{self.crop[1]}")
+        if self.shift:
+            parts.append(f"shift={self.shift}")
+        if self.flip:
+            parts.append("flip")
+        if self.brightness:
+            parts.append(f"brightness={self.brightness:.6g}")
+        if self.contrast != (1.0, 1.0):
+            parts.append(f"contrast={self.contrast[0]:g}:{self.contrast[1]:g}")
+        if self.standardize:
+            parts.append("standardize")
+        return ",".join(parts) or "none"
+
+    @classmethod
+    def parse(cls, text: str) -> AugmentSpec:
+        """The inverse of str(): "none", or a comma list of shift=N, crop=H[xW], flip, brightness=D,
+        contrast=LO:HI, standardize."""
+        spec: dict = {}
+        for item in (t.strip() for t in text.split(",")):
+            key, _, value = item.partition("=")
+            try:
+                if item in ("", "none"):
+                    continue
+                if key in ("flip", "standardize") and not value:
+                    spec[key] = True
+                elif key == "shift":
+                    spec["shift"] = int(value)
+                elif key == "crop":
+                    sides = [int(v) for v in value.lower().split("x")]
+                    spec["crop"] = (sides[0], sides[-1]) if len(sides) <= 2 else None
+                    if spec["crop"] is None:
+                        raise ValueError(value)
+                elif key == "brightness":
+                    spec["brightness"] = float(value)
+                elif key == "contrast":
+                    lo, hi = value.split(":")
+                    spec["contrast"] = (float(lo), float(hi))
+                else:
+                    raise ValueError(item)
+            except ValueError:
+                raise ConfigError(
+                    f"augmentation {text!r}: cannot read {item!r}; use none or a comma list of shift=N, crop=H[xW], "
+                    "flip, brightness=D, contrast=LO:HI, standardize"
+                ) from None
+        return cls(**spec)
+
+    def replace(self, **changes) -> AugmentSpec:
+        return dataclasses.replace(self, **changes)
+
+
+# The defaults per data set format, following the official TensorFlow code (github.com/Sarasra/models,
+# research/capsules/input_data): CIFAR-10 random 24×24 crops, left-right flips, brightness ±63/255, contrast
+# 0.2–1.8, 24×24 centre crops at test, per-image standardization; smallNORB (48×48 after loading) random 32×32
+# crops, centre crops at test; SVHN and the MNIST family the paper's 2 px shifts. CIFAR-100 takes CIFAR-10's.
+# Image folders and .npz files: 2 px shifts (nothing that assumes what the images show).
+DEFAULTS: dict[str, AugmentSpec] = {
+    "cifar10": AugmentSpec(crop=(24, 24), flip=True, brightness=63 / 255, contrast=(0.2, 1.8), standardize=True),
+    "cifar100": AugmentSpec(crop=(24, 24), flip=True, brightness=63 / 255, contrast=(0.2, 1.8), standardize=True),
+    "smallnorb": AugmentSpec(crop=(32, 32)),
+    "svhn": AugmentSpec(shift=2),
+    "idx": AugmentSpec(shift=2),
+    "npz": AugmentSpec(shift=2),
+    "folder": AugmentSpec(shift=2),
+}
+
+
+def resolve_augment(text: str, kind: str, *, shift: int = 2) -> AugmentSpec:
+    """"auto": the default of data format `kind` (its 2 px shift replaced by `shift`, TrainConfig.shift);
+    otherwise :meth:`AugmentSpec.parse`."""
+    if text != "auto":
+        return AugmentSpec.parse(text)
+    spec = DEFAULTS.get(kind, DEFAULTS["folder"])
+    return spec.replace(shift=shift) if spec.shift else spec

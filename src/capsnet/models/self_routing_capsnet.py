@@ -1,0 +1,156 @@
+"""Self-routing capsule network (Hahn, Pyeon & Kim, NeurIPS 2019) on a small ResNet backbone.
+
+As in the paper's CIFAR-10 experiments, a ResNet-20-style backbone (a 3×3 stem of 16 channels, then three stages of
+`resnet_blocks` basic blocks with 16, 32 and 64 channels, strides 1, 2, 2) feeds capsule layers in place of its
+pooling and classifier:
+
+    primary caps  3×3 convolutions (padding 1): 32 types of 4×4 pose matrices, and their activations a_i =
+                  sigmoid(BatchNorm(conv))
+    conv caps     32 → 32 types, 3×3, stride 2, self-routing (capsnet.routing.self_routing)
+    class caps    fully connected self-routing to 10 capsules; their activations (a distribution over the classes,
+                  since the routing weights sum to 1 over the parents) are the class probabilities; as in the
+                  paper this layer computes no poses (`capsules` holds the activations, [B, 10, 1])
+
+trained with the negative log-likelihood of the class activations. Layer sizes follow the paper's description;
+the exact published configuration and parameter count were not available for this build, so the count pinned in
+the tests is this module's own (derived in the test).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError
+from ..nn.primary import conv_output_size
+from ..routing.self_routing import SelfRoutingConv, SelfRoutingFC
+from .capsnet import CapsNetOutput
+from .inputs import check_images
+from .pretrained import Pretrained
+
+
+@dataclass
+class SelfRoutingCapsNetConfig:
+    """Hyper-parameters of :class:`SelfRoutingCapsNet`; defaults: CIFAR-10 with a ResNet-20 backbone."""
+
+    in_channels: int = field(default=3, metadata={"help": "input image channels"})
+    image_size: int = field(default=32, metadata={"help": "input image height and width"})
+    n_classes: int = field(default=10, metadata={"help": "number of classes (class capsules)"})
+    resnet_widths: tuple[int, ...] = field(default=(16, 32, 64), metadata={"help": "channels of the ResNet stages"})
+    resnet_blocks: int = field(default=3, metadata={"help": "basic blocks per ResNet stage (3: ResNet-20)"})
+    primary_types: int = field(default=32, metadata={"help": "primary capsule types"})
+    pose_dim: int = field(default=16, metadata={"help": "capsule pose size (a square: 16 = 4x4 matrices)"})
+    capsule_types: tuple[int, ...] = field(default=(32,), metadata={"help": "types of each conv capsule layer"})
+    capsule_strides: tuple[int, ...] = field(default=(2,), metadata={"help": "their strides (3x3 kernels)"})
+
+    def __post_init__(self) -> None:
+        self.resnet_widths = tuple(self.resnet_widths)
+        self.capsule_types, self.capsule_strides = tuple(self.capsule_types), tuple(self.capsule_strides)
+        for name in ("in_channels", "image_size", "n_classes", "resnet_blocks", "primary_types", "pose_dim"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.resnet_widths or min(self.resnet_widths) < 1:
+            raise ConfigError("resnet_widths must be a non-empty list of positive channel counts")
+        if len(self.capsule_types) != len(self.capsule_strides) or min((*self.capsule_types, *self.capsule_strides,
+                                                                          1)) < 1:  # fmt: skip
+            raise ConfigError("capsule_types and capsule_strides need one positive value per capsule layer")
+        if int(self.pose_dim**0.5) ** 2 != self.pose_dim:
+            raise ConfigError(f"pose_dim must be a square (poses are matrices), got {self.pose_dim}")
+        if self.grids[-1] < 1:
+            raise ConfigError(f"image_size {self.image_size} is too small for the capsule layers")
+
+    @property
+    def grids(self) -> list[int]:
+        """Side of the primary capsule grid, then of each conv capsule layer's: 32 → 8 (backbone) → 3."""
+        s = self.image_size
+        for _ in self.resnet_widths[1:]:
+            s = conv_output_size(s + 2, 3, 2)  # a stride-2 stage (3×3, padding 1)
+        sizes = [s]
+        for stride in self.capsule_strides:
+            sizes.append(conv_output_size(sizes[-1], 3, stride))
+        return sizes
+
+
+class _BasicBlock(nn.Module):
+    """ResNet basic block: two 3×3 conv + BatchNorm, identity shortcut (1×1 conv + BatchNorm when the shape changes)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class SelfRoutingCapsNet(Pretrained, nn.Module):
+    """Self-routing capsules on a ResNet-20 backbone (Hahn et al. 2019)."""
+
+    config_class = SelfRoutingCapsNetConfig
+    model_type = "self-routing-capsnet"
+    paper = "Hahn, Pyeon & Kim, NeurIPS 2019"
+    designed_for = "CIFAR-10 32x32 RGB (also SVHN, smallNORB)"
+    routing_method = "self-routing"  # what `capsnet visualize` names the routing figure after
+    default_lr = 1e-3
+
+    def __init__(self, *, config: SelfRoutingCapsNetConfig | None = None, **options):
+        super().__init__()
+        if config is not None and options:
+            raise TypeError("pass either config= or keyword options, not both")
+        self.config = cfg = config if config is not None else SelfRoutingCapsNetConfig(**options)
+        w = cfg.resnet_widths
+        layers: list[nn.Module] = [nn.Conv2d(cfg.in_channels, w[0], 3, padding=1, bias=False), nn.BatchNorm2d(w[0]),
+                                   nn.ReLU(inplace=True)]  # fmt: skip
+        c_in = w[0]
+        for stage, width in enumerate(w):
+            for block in range(cfg.resnet_blocks):
+                layers.append(_BasicBlock(c_in, width, 2 if stage > 0 and block == 0 else 1))
+                c_in = width
+        self.backbone = nn.Sequential(*layers)
+        self.primary_pose = nn.Conv2d(c_in, cfg.primary_types * cfg.pose_dim, 3, padding=1)
+        self.primary_act = nn.Sequential(nn.Conv2d(c_in, cfg.primary_types, 3, padding=1),
+                                         nn.BatchNorm2d(cfg.primary_types))  # fmt: skip
+        types = (cfg.primary_types, *cfg.capsule_types)
+        self.capsules = nn.ModuleList([
+            SelfRoutingConv(t_in, t_out, cfg.pose_dim, cfg.pose_dim, 3, s, matrix_pose=True)
+            for t_in, t_out, s in zip(types, types[1:], cfg.capsule_strides, strict=False)
+        ])  # fmt: skip
+        n_in = types[-1] * cfg.grids[-1] ** 2
+        self.class_caps = SelfRoutingFC(n_in, cfg.n_classes, cfg.pose_dim, cfg.pose_dim, matrix_pose=True,
+                                        pose_out=False)  # only its activations are read  # fmt: skip
+
+    def forward(
+        self, images: torch.Tensor, labels: torch.Tensor | None = None, *, return_coupling: bool = False
+    ) -> CapsNetOutput:
+        """images [B, C, H, W] in [0, 1]; `labels` is accepted (and unused) so it is called like CapsNet.
+        `lengths` are the class capsules' activations (summing to 1), `capsules` the same as [B, n_classes, 1];
+        `coupling` the class layer's c_ij."""
+        cfg = self.config
+        check_images(images, channels=cfg.in_channels, size=cfg.image_size, model="SelfRoutingCapsNet")
+        x = self.backbone(images)
+        pose = self.primary_pose(x)
+        b, _, h, w = pose.shape
+        pose = pose.view(b, cfg.primary_types, cfg.pose_dim, h, w).permute(0, 1, 3, 4, 2)  # [B, T, H, W, d]
+        a = torch.sigmoid(self.primary_act(x))  # primary activations a_i  [B, T, H, W]
+        for layer in self.capsules:
+            pose, a = layer(pose, a)
+        routed = self.class_caps(pose, a, return_weights=True)
+        probs = routed.activations.float()  # a_j, a distribution over the classes  [B, n_classes]
+        return CapsNetOutput(routed.capsules, probs, probs.argmax(dim=1), None,
+                             routed.weights if return_coupling else None)  # fmt: skip
+
+    def loss(
+        self, out: CapsNetOutput, images: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Negative log-likelihood of the true class's activation. Returns (total, parts as detached tensors)."""
+        nll = F.nll_loss(out.lengths.clamp_min(1e-12).log(), labels.long())
+        return nll, {"nll": nll.detach(), "total": nll.detach()}

@@ -1,0 +1,131 @@
+"""Signals and logs of a training run: SIGINT/SIGTERM as a stop flag, the progress bar, per-epoch lines and
+TensorBoard scalars."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..config import to_dict
+from ..fileio import atomic_write_json
+from .checkpoint import write_summary
+from .config import TrainConfig
+
+if TYPE_CHECKING:  # annotations only: the loop imports this module
+    from .loop import EpochSums, Run, RunState
+
+PROGRESS_EVERY_S = 0.5  # the progress bar reads the device's running sums at most this often
+
+
+class _StopFlag:
+    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint at the next check and returns."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, object] = {}
+
+    def __enter__(self) -> _StopFlag:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)  # type: ignore[arg-type]
+
+
+class _Logger:
+    """tqdm progress on rank 0 (refreshed at most every PROGRESS_EVERY_S, the only in-epoch reads of the device),
+    one summary line per epoch, and TensorBoard scalars when available."""
+
+    def __init__(self, run_dir: Path, config: TrainConfig, enabled: bool):
+        self.enabled, self.config, self.writer = enabled, config, None
+        self._pending: list[tuple[int, torch.Tensor]] = []  # (step, loss) for TensorBoard, read at a refresh
+        self._last = 0.0
+        if enabled and config.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # optional extra
+                pass
+            else:
+                self.writer = SummaryWriter(str(run_dir / "tb"))
+
+    def start(self, run: Run, state: RunState) -> None:
+        """Rank 0 writes the run's config.json (and, resuming, its summary.csv so far)."""
+        if not self.enabled:
+            return
+        run.dir.mkdir(parents=True, exist_ok=True)
+        meta = {"train": to_dict(run.config), "model": to_dict(run.model_config), "task": run.task.name,
+                **getattr(run.task, "recorded", {})}  # e.g. the augmentation "auto" resolved to  # fmt: skip
+        atomic_write_json(run.dir / "config.json", meta)
+        if state.history:
+            write_summary(run.dir, state.history)
+
+    def bar(self, epoch: int, total: int, done: int):
+        if not (self.enabled and self.config.progress):
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, initial=done, desc=f"epoch {epoch + 1}/{self.config.epochs}", leave=False,
+                    dynamic_ncols=True, file=sys.stderr, mininterval=PROGRESS_EVERY_S)
+
+    def step(self, bar, step: int, loss: torch.Tensor, sums: EpochSums) -> None:
+        if self.writer is not None and step % 10 == 0:
+            self._pending.append((step, loss))
+        if bar is not None:
+            bar.update(1)
+        now = time.perf_counter()
+        if now - self._last < PROGRESS_EVERY_S:
+            return
+        self._last = now
+        self._flush()
+        if bar is not None:
+            loss_sum, correct, count, seconds = sums.to_list()
+            bar.set_postfix(loss=f"{loss_sum / count:.4f}", acc=f"{correct / count:.4f}",
+                            img_s=f"{count / max(seconds, 1e-9):.0f}", refresh=False)
+
+    def _flush(self) -> None:
+        """Write the pending step losses to TensorBoard (one device read for all of them)."""
+        if self._pending and self.writer is not None:
+            values = torch.stack([loss for _, loss in self._pending]).tolist()
+            for (step, _), value in zip(self._pending, values, strict=True):
+                self.writer.add_scalar("train/step_loss", value, step)
+        self._pending = []
+
+    def close(self, bar) -> None:
+        self._flush()
+        if bar is not None:
+            bar.close()
+
+    def epoch(self, row: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        print(
+            f"epoch {int(row['epoch'])}/{self.config.epochs}  train loss {row['train_loss']:.4f}  "
+            f"train acc {row['train_acc']:.4f}  test acc {row['test_acc']:.4f}  lr {row['lr']:.2e}  "
+            f"{row['images_per_s']:.0f} img/s  {row['seconds']:.1f}s",
+            flush=True,
+        )
+        if self.writer is not None:
+            for key in ("train_loss", "train_acc", "test_loss", "test_acc", "lr", "images_per_s"):
+                self.writer.add_scalar(f"epoch/{key}", row[key], int(row["epoch"]))
+            self.writer.flush()
+
+    def finish(self, interrupted: bool, signum: int | None, epoch: int, batch: int) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.enabled and interrupted:
+            why = signal.Signals(signum).name if signum else "stop requested"
+            print(f"{why}: checkpoint saved at epoch {epoch + 1}, batch {batch}; continue with --resume",
+                  file=sys.stderr, flush=True)

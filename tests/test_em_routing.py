@@ -1,0 +1,335 @@
+"""Matrix capsules with EM routing: the layers against a literal loop reference (value and gradient), invariants,
+the spread loss, the EMCapsNet model (parameter counts, save/load, CLI training) and stability over training."""
+
+import math
+
+import pytest
+import torch
+from em_reference import class_caps_reference, conv_caps_reference
+
+from capsnet.cli import main
+from capsnet.models import EMCapsNet, load_pretrained
+from capsnet.models.em_capsnet import SMALL, receptive_field_centres
+from capsnet.nn.losses import SpreadLoss, spread_margin
+from capsnet.routing.em import em_routing, inverse_temperature
+from capsnet.routing.matrix_capsules import ClassCaps, ConvCaps, PrimaryMatrixCaps
+
+TINY_MODEL = ["--conv-channels", "8", "--primary-types", "4", "--caps1-types", "4", "--caps2-types", "4"]
+
+
+def _conv_layer(t_in=2, t_out=3, k=3, stride=2, iterations=3, seed=0):
+    torch.manual_seed(seed)
+    layer = ConvCaps(t_in, t_out, kernel_size=k, stride=stride, iterations=iterations).double()
+    with torch.no_grad():
+        layer.beta_u.normal_(0, 1)
+        layer.beta_a.normal_(0, 1)
+    return layer
+
+
+def _capsules(b, h, t, seed=1, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    poses = torch.randn(b, h, h, t, 16, generator=g, dtype=dtype).requires_grad_()
+    acts = torch.rand(b, h, h, t, generator=g, dtype=dtype).requires_grad_()
+    return poses, acts
+
+
+def _grads(outputs, inputs):
+    mu, a = outputs
+    g = torch.Generator().manual_seed(5)
+    target = (mu * torch.randn(mu.shape, generator=g, dtype=mu.dtype)).sum() + (a * torch.arange(a.numel(),
+              dtype=a.dtype).view(a.shape) / a.numel()).sum()  # fmt: skip
+    return torch.autograd.grad(target, inputs)
+
+
+# ------------------------------------------------------------------ layers = literal loops, value and gradient
+
+
+@pytest.mark.parametrize("stride, iterations", [(2, 3), (1, 2), (1, 1)])
+def test_conv_caps_matches_loop_reference(stride, iterations):
+    layer = _conv_layer(stride=stride, iterations=iterations)
+    poses, acts = _capsules(2, 5, 2)
+    params = [layer.weight, layer.beta_u, layer.beta_a]
+    out = layer(poses, acts)
+    ref = [conv_caps_reference(poses[b], acts[b], layer.weight, layer.beta_u, layer.beta_a, kernel_size=3,
+                               stride=stride, iterations=iterations) for b in range(2)]  # fmt: skip
+    ref = torch.stack([r[0] for r in ref]), torch.stack([r[1] for r in ref])
+    torch.testing.assert_close(out[0], ref[0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-6, atol=1e-7)
+    assert ref[1].std() > 1e-3  # the activations differ between parents: the comparison is not vacuous
+    for g, gr in zip(_grads(out, [poses, acts, *params]), _grads(ref, [poses, acts, *params])):
+        torch.testing.assert_close(g, gr, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("coordinates", [True, False])
+def test_class_caps_matches_loop_reference(coordinates):
+    torch.manual_seed(0)
+    centres = torch.rand(9, 2, dtype=torch.float64) if coordinates else None
+    layer = ClassCaps(3, 4, iterations=3, centres=centres).double()
+    with torch.no_grad():
+        layer.beta_u.normal_(0, 1)
+        layer.beta_a.normal_(0, 1)
+    poses, acts = _capsules(2, 3, 3)
+    params = [layer.weight, layer.beta_u, layer.beta_a]
+    res = layer(poses, acts)
+    out = res.poses[:, 0], res.activations[:, 0]
+    ref = [class_caps_reference(poses[b], acts[b], *params, centres, iterations=3) for b in range(2)]
+    ref = torch.stack([r[0] for r in ref]), torch.stack([r[1] for r in ref])
+    torch.testing.assert_close(out[0], ref[0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-6, atol=1e-7)
+    for g, gr in zip(_grads(out, [poses, acts, *params]), _grads(ref, [poses, acts, *params])):
+        torch.testing.assert_close(g, gr, rtol=1e-5, atol=1e-7)
+
+
+def test_coordinate_addition_moves_the_right_vote_entries():
+    """With W = 0 the votes are exactly the added coordinates: μ_j[0, 3] and μ_j[1, 3] are the (weighted) mean
+    centre, every other entry 0."""
+    centres = torch.tensor([[0.25, 0.75]]).double()
+    layer = ClassCaps(1, 2, centres=centres).double()
+    with torch.no_grad():
+        layer.weight.zero_()
+    res = layer(torch.randn(1, 1, 1, 1, 16).double(), torch.ones(1, 1, 1, 1).double())
+    expected = torch.zeros(16, dtype=torch.float64)
+    expected[3], expected[7] = 0.25, 0.75
+    torch.testing.assert_close(res.poses[0, 0], expected.expand(2, 16))
+
+
+# ----------------------------------------------------------------------------------------------- invariants
+
+
+def test_assignments_sum_to_one_over_the_parents_each_child_reaches():
+    layer = _conv_layer(stride=1)
+    poses, acts = _capsules(2, 6, 2)
+    res, _ = layer.route(poses, acts)  # R [B, P, J, I]
+    _, child = layer._indices(6, 6, poses.device)
+    per_slot = res.assignments.sum(dim=2).reshape(2, -1)  # summed over the parent types  [B, P·I]
+    per_child = torch.zeros(2, 6 * 6 * 2, dtype=per_slot.dtype).index_add(1, child.reshape(-1), per_slot)
+    torch.testing.assert_close(per_child, torch.ones_like(per_child))  # every child is in some field (stride 1)
+    # at the corner a child reaches one position; in the middle K² = 9: R spreads over the positions
+    assert res.assignments.amax() <= 1.0 and res.assignments.amin() >= 0.0
+
+
+def test_activations_lie_in_the_open_unit_interval():
+    layer = _conv_layer(stride=1).float()
+    poses, acts = _capsules(3, 5, 2, dtype=torch.float32)
+    _, a = layer(poses, acts)
+    assert bool(((a > 0) & (a < 1)).all())
+
+
+def _finite_everywhere(layer, poses, acts):
+    poses, acts = poses.detach().requires_grad_(), acts.detach().requires_grad_()
+    out = layer(poses, acts)
+    mu, a = (out.poses, out.activations) if hasattr(out, "poses") else out
+    (mu.square().sum() + a.sum()).backward()
+    tensors = [mu, a, poses.grad, acts.grad, *(p.grad for p in layer.parameters())]
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def test_finite_with_all_zero_inputs():
+    layer = _conv_layer().float()
+    assert _finite_everywhere(layer, torch.zeros(2, 5, 5, 2, 16), torch.zeros(2, 5, 5, 2))
+
+
+def test_finite_with_identical_votes():
+    """Every child has the same pose and every slot the same W: all votes of a parent coincide, σ² → 0 (the floor)."""
+    layer = _conv_layer().float()
+    with torch.no_grad():
+        layer.weight.copy_(layer.weight[:, :1].expand_as(layer.weight))
+    poses = torch.randn(16).expand(2, 5, 5, 2, 16).contiguous()
+    assert _finite_everywhere(layer, poses, torch.ones(2, 5, 5, 2))
+
+
+def test_finite_with_one_child_per_parent():
+    conv = ConvCaps(1, 3, kernel_size=1, stride=1)
+    assert _finite_everywhere(conv, torch.randn(2, 3, 3, 1, 16), torch.rand(2, 3, 3, 1))
+    assert _finite_everywhere(ClassCaps(1, 3), torch.randn(2, 1, 1, 1, 16), torch.rand(2, 1, 1, 1))
+
+
+def test_same_result_at_any_batch_split():
+    layer = _conv_layer(stride=2).float()
+    poses, acts = _capsules(4, 5, 2, dtype=torch.float32)
+    whole = layer(poses, acts)
+    parts = [layer(poses[i : i + k], acts[i : i + k]) for i, k in ((0, 1), (1, 3))]
+    for n in range(2):
+        torch.testing.assert_close(whole[n], torch.cat([p[n] for p in parts]), rtol=1e-5, atol=1e-6)
+
+
+def test_first_training_batch_centres_the_activations():
+    """centre_activations: β_a moves so that each type's mean logit is 0 on the first training batch (exactly, at
+    r = 1 where the logits are affine in β_a), once; not in eval mode."""
+    torch.manual_seed(0)
+    poses, acts = torch.randn(4, 3, 3, 2, 16), torch.rand(4, 3, 3, 2)
+    layer = ClassCaps(2, 3, iterations=1, centre_activations=True)
+    assert not bool(layer.beta_a_ready)
+    layer.eval()(poses, acts)
+    assert not bool(layer.beta_a_ready) and bool((layer.beta_a == 0).all())
+    res = layer.train()(poses, acts)
+    assert bool(layer.beta_a_ready)
+    torch.testing.assert_close(res.logits.mean(dim=(0, 1)), torch.zeros(3), atol=1e-4, rtol=0)
+    before = layer.beta_a.clone()
+    layer(poses * 2, acts)
+    assert torch.equal(layer.beta_a, before)  # only the first batch
+
+
+def test_inverse_temperature_schedule():
+    assert [round(inverse_temperature(t), 6) for t in range(3)] == [0.0005, 0.000975, 0.001426]
+
+
+def test_em_routing_rejects_zero_iterations():
+    with pytest.raises(ValueError):
+        em_routing(torch.zeros(1, 1, 2, 3, 16), torch.ones(1, 1, 3), torch.zeros(2), torch.zeros(2), iterations=0)
+
+
+def test_primary_matrix_caps_shapes():
+    caps = PrimaryMatrixCaps(8, 4)
+    poses, acts = caps(torch.randn(2, 8, 5, 5))
+    assert poses.shape == (2, 5, 5, 4, 16) and acts.shape == (2, 5, 5, 4)
+    assert bool(((acts > 0) & (acts < 1)).all())
+
+
+# ------------------------------------------------------------------------------------------------ spread loss
+
+
+def test_spread_loss_matches_its_definition():
+    a = torch.tensor([[0.9, 0.5, 0.85], [0.1, 0.3, 0.2]])
+    labels = torch.tensor([0, 2])
+    m = 0.2
+    expected = 0.0
+    for b in range(2):
+        t = int(labels[b])
+        expected += sum(max(0.0, m - (a[b, t] - a[b, i])) ** 2 for i in range(3) if i != t)
+    torch.testing.assert_close(SpreadLoss(3)(a, labels, m), torch.tensor(float(expected) / 2))
+
+
+def test_spread_margin_schedule():
+    assert spread_margin(0.0) == pytest.approx(0.2)
+    assert spread_margin(0.5) == pytest.approx(0.55)
+    assert spread_margin(1.0) == spread_margin(3.0) == pytest.approx(0.9)
+
+
+# ------------------------------------------------------------------------------------------------------ model
+
+
+def test_parameter_counts_of_the_papers_configurations():
+    """smallNORB (1 channel, 32×32, 5 classes). A=B=C=D=32:
+    conv 5×5: 25·1·32 + 32 = 832; primary 1×1: poses 32·32·16 + 32·16 = 16,896, activations 32·32 + 32 = 1,056;
+    ConvCaps1: 3·3·32·32·16 + 2·32 = 147,520; ConvCaps2: 147,520; class caps: 32·5·16 + 2·5 = 2,570
+    -> 316,394 (the paper: "about 310K").
+    A=64, B=8, C=D=16: 25·64 + 64 = 1,664; 64·8·16 + 8·16 = 8,320; 64·8 + 8 = 520; 9·8·16·16 + 32 = 18,464;
+    9·16·16·16 + 32 = 36,896; 16·5·16 + 10 = 1,290 -> 67,154 (the paper: "68K")."""
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(EMCapsNet()) == 316_394
+    assert count(EMCapsNet(**SMALL)) == 67_154
+
+
+def test_receptive_field_centres_on_smallnorb_crops():
+    """32 → conv 5/2 → 14 → ConvCaps 3/2 → 6 → ConvCaps 3/1 → 4: a pixel-0 centre of 0.5 moves by (k−1)/2 steps of
+    the jump so far per layer (0.5 + 2·1 + 1·2 + 1·4 = 8.5), the jump is 2·2·1 = 4: 8.5 + 4y pixels, over 32."""
+    c = receptive_field_centres(EMCapsNet().config)
+    expected = (8.5 + 4 * torch.arange(4.0)) / 32
+    torch.testing.assert_close(c.view(4, 4, 2)[:, 0, 0], expected)
+    torch.testing.assert_close(c.view(4, 4, 2)[0, :, 1], expected)
+
+
+@pytest.fixture
+def tiny_model():
+    torch.manual_seed(0)
+    return EMCapsNet(image_size=28, n_classes=10, conv_channels=8, primary_types=4, caps1_types=4, caps2_types=4)
+
+
+@pytest.mark.slow
+def test_model_output_like_capsnet(tiny_model):
+    x = torch.rand(3, 1, 28, 28)
+    out = tiny_model(x, return_coupling=True)
+    assert out.capsules.shape == (3, 10, 16) and out.lengths.shape == (3, 10)
+    assert out.predictions.tolist() == out.lengths.argmax(1).tolist() and out.reconstructions is None
+    assert out.coupling.shape == (3, 4 * 3 * 3, 10)  # D · grid² children of the class capsules
+    torch.testing.assert_close(out.coupling.sum(-1), torch.ones(3, 36))
+    assert tiny_model(x).coupling is None
+    with pytest.raises(ValueError, match="images of shape"):
+        tiny_model(torch.rand(3, 1, 32, 32))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["spread", "margin", "cross_entropy"])
+def test_model_losses(kind):
+    torch.manual_seed(0)
+    model = EMCapsNet(image_size=28, n_classes=10, conv_channels=4, primary_types=2, caps1_types=2, caps2_types=2,
+                      class_loss=kind, margin_anneal_steps=4)  # fmt: skip
+    x, y = torch.rand(4, 1, 28, 28), torch.randint(0, 10, (4,))
+    steps = 5 if kind == "spread" else 1
+    for step in range(steps):
+        total, parts = model.loss(model(x), x, y)
+        total.backward()
+        assert math.isfinite(parts["total"]) and parts["total"] >= 0
+        if kind == "spread":
+            assert parts["spread_margin"] == pytest.approx(spread_margin(step / 4))
+    model.eval()
+    model.loss(model(x), x, y)  # evaluation does not advance the margin schedule
+    assert int(model.train_steps) == (steps if kind == "spread" else 0)
+
+
+def test_save_and_load_strict(tiny_model, tmp_path):
+    x = torch.rand(2, 1, 28, 28)
+    tiny_model.eval()
+    tiny_model.train_steps += 7
+    tiny_model.save_pretrained(tmp_path / "m")
+    loaded = load_pretrained(tmp_path / "m")
+    assert isinstance(loaded, EMCapsNet) and int(loaded.train_steps) == 7
+    torch.testing.assert_close(loaded(x).lengths, tiny_model(x).lengths)
+
+
+@pytest.mark.slow
+def test_two_training_steps_from_the_cli(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "--model", "em-capsnet", *TINY_MODEL, "--train-subset", "32", "--test-subset", "20",
+                 "--batch-size", "16", "--epochs", "1", "--device", "cpu", "--no-progress", "--no-tensorboard",
+                 "--out", str(out)])  # fmt: skip
+    assert code == 0
+    model = load_pretrained(out / "last")
+    assert isinstance(model, EMCapsNet) and int(model.train_steps) == 2
+    assert model.config.caps2_types == 4 and model.config.image_size == 28
+
+
+def _train_steps(iterations: int, steps: int, seed: int = 0) -> list[float]:
+    from capsnet.data import load_dataset
+
+    torch.manual_seed(seed)
+    data = load_dataset("mnist-sample").train
+    model = EMCapsNet(image_size=28, n_classes=10, conv_channels=16, primary_types=4, caps1_types=4, caps2_types=4,
+                      routing_iterations=iterations, margin_anneal_steps=steps)  # fmt: skip
+    opt = torch.optim.Adam(model.parameters(), lr=EMCapsNet.default_lr)
+    losses = []
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        idx = torch.randint(0, len(data), (16,), generator=g)
+        x, y = data.images[idx].float() / 255.0, data.labels[idx]
+        loss, _ = model.loss(model(x, y), x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    return losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("iterations", [1, 2, 3])
+def test_training_is_stable(iterations):
+    """A short version of the 200-step check below (marked slow)."""
+    losses = _train_steps(iterations, 4)
+    assert all(math.isfinite(v) for v in losses)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("iterations", [1, 2, 3])
+def test_training_is_stable_200_steps(iterations):
+    losses = _train_steps(iterations, 200)
+    assert all(math.isfinite(v) for v in losses)
+
+
+def test_visualize_draws_the_final_assignments(tiny_model, tmp_path):
+    pytest.importorskip("matplotlib")
+    from capsnet.viz.figures import plot_routing
+
+    out = plot_routing(tiny_model.eval(), torch.rand(1, 28, 28), 3, tmp_path / "routing.png")
+    assert out.read_bytes().startswith(b"\x89PNG")

@@ -1,0 +1,65 @@
+"""The wheel that `python -m build` makes: data files, the C++ source, every subpackage, and nothing else."""
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import capsnet
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "capsnet"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """Build the wheel from a copy of the checkout (so no build/ folder lands in it), without build isolation:
+    the build backend comes from the environment, so nothing is downloaded."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    project = tmp / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, project / name)
+    shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.so"))
+    cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp / "dist"), str(project)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (path,) = (tmp / "dist").glob("capsnet-*.whl")
+    return path
+
+
+@pytest.mark.slow
+def test_wheel_holds_the_package_data_and_no_tests(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for split in ("train", "t10k"):
+        for kind in ("images-idx3", "labels-idx1"):
+            assert f"capsnet/data/files/mnist-sample/{split}-{kind}-ubyte.gz" in names
+    assert "capsnet/data/files/NOTICE" in names
+    assert "capsnet/routing/csrc/routing_cpu.cpp" in names
+    subpackages = sorted(p.parent.relative_to(PACKAGE.parent).as_posix() for p in PACKAGE.rglob("__init__.py"))
+    assert len(subpackages) >= 9  # capsnet and its subpackages nn, routing, models, data, training, ...
+    for package in subpackages:
+        assert f"{package}/__init__.py" in names, package
+        modules = {p.relative_to(PACKAGE.parent).as_posix() for p in (PACKAGE.parent / package).glob("*.py")}
+        assert modules <= names, modules - names
+    assert any(n.endswith("entry_points.txt") for n in names)
+    assert wheel.name == f"capsnet-{capsnet.__version__}-py3-none-any.whl"  # pyproject.toml and _version.py agree
+    top = {n.split("/")[0] for n in names}
+    assert top == {"capsnet", wheel.name.removesuffix("-py3-none-any.whl") + ".dist-info"}
+    assert not [n for n in names if n.endswith((".ipynb", ".pyc", ".so")) or "tests/" in n or "test_" in n]
+
+
+@pytest.mark.slow
+def test_wheel_reads_its_bundled_digits(wheel, tmp_path):
+    """The unpacked wheel alone (no checkout on the path) loads the bundled sample and parses the CLI."""
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    code = ("import capsnet, capsnet.cli; from capsnet.data import load_dataset; d = load_dataset('mnist-sample'); "
+            "print(capsnet.__file__, len(d.train), len(d.test))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={"PYTHONPATH": str(tmp_path / "site"), "PATH": ""})
+    assert r.returncode == 0, r.stderr[-3000:]
+    where, n_train, n_test = r.stdout.split()
+    assert Path(where).is_relative_to(tmp_path / "site") and (n_train, n_test) == ("6000", "2000")

@@ -1,0 +1,266 @@
+"""Issue 14's models and CapsNet's routing options: parameter counts, training from the CLI, save/load, errors."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import SMALL_FLAGS, small_config
+from PIL import Image
+
+from capsnet import CapsNet, load_pretrained
+from capsnet.cli import main
+from capsnet.data import Split, load_dataset
+from capsnet.errors import CheckpointError, ConfigError
+from capsnet.models.efficient_capsnet import EfficientCapsNet, EfficientCapsNetConfig
+from capsnet.models.inverted_attention_capsnet import InvertedAttentionCapsNet
+from capsnet.models.registry import MODELS
+from capsnet.models.self_routing_capsnet import SelfRoutingCapsNet
+from capsnet.training.evaluate import evaluate
+
+ROUTINGS = ["dynamic", "self-attention", "inverted-attention", "self-routing"]
+# Small settings for the models whose paper configurations take seconds per CPU step.
+SMALL = {
+    "efficient-capsnet": [],
+    "inverted-attention-capsnet": ["--stem-channels", "16", "--primary-types", "4", "--capsule-types", "4", "4"],
+    "self-routing-capsnet": ["--resnet-widths", "8", "16", "--resnet-blocks", "1", "--primary-types", "4",
+                             "--capsule-types", "4"],
+}  # fmt: skip
+QUICK = ["--train-subset", "32", "--test-subset", "32", "--epochs", "1", "--batch-size", "16", "--device", "cpu",
+         "--no-progress", "--no-tensorboard"]  # fmt: skip
+
+
+def n_params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+# ------------------------------------------------------------------------------------------ parameter counts
+def test_efficient_capsnet_has_the_papers_161824_parameters():
+    model = EfficientCapsNet()
+    # conv+BN: (832+64) + (18,496+128) + (36,928+128) + (73,856+256); depthwise 10,496; W 20,480; prior b 160
+    assert n_params(model) - n_params(model.decoder) == 161_824
+    assert n_params(model.decoder) == 160 * 512 + 512 + 512 * 1024 + 1024 + 1024 * 784 + 784  # 1,411,344
+
+
+def test_efficient_capsnet_smallnorb_variant():
+    cfg = EfficientCapsNetConfig.for_smallnorb()
+    model = EfficientCapsNet(config=cfg)
+    # conv 7×7×2×32 + 32 = 3,168 (+64 instance norm); convs 2-4 as on MNIST (111,168 + 512 norm);
+    # depthwise 8×8×128 + 128 = 8,320; W 16·5·8·16 = 10,240; prior 80
+    assert (cfg.feature_size, cfg.n_classes, cfg.in_channels) == (8, 5, 2)
+    assert n_params(model) - n_params(model.decoder) == 151_664
+    out = model(torch.rand(2, 2, 48, 48))
+    assert out.lengths.shape == (2, 5)
+
+
+def test_inverted_attention_capsnet_parameters_on_cifar():
+    # backbone 3,584; primary 65,536 + LN 32; conv caps 2 × (147,456 + 32); class caps 128,000 + 32; classifier 17
+    assert n_params(InvertedAttentionCapsNet()) == 492_177
+
+
+def test_self_routing_capsnet_parameters_on_cifar():
+    model = SelfRoutingCapsNet()
+    # ResNet-20's convolutions and BatchNorms: stem 432 + 32; stage 1 3 × 4,672; stage 2 14,528 + 2 × 18,560;
+    # stage 3 57,728 + 2 × 73,984 (the first block of stages 2, 3 with a 1×1 conv + BN shortcut): 271,824;
+    # primary poses 64·9·512 + 512 = 295,424, activations 64·9·32 + 32 + BN 64 = 18,528;
+    # conv caps (288 children → 32 types, 4×4 W): 147,456 + W_route 288·16·32 = 147,456 + b 9,216;
+    # class caps (288 → 10, activations only): W_route 46,080 + b 2,880
+    assert n_params(model.backbone) == 271_824
+    assert n_params(model) == 938_864
+
+
+@pytest.mark.parametrize(
+    "routing,extra", [("dynamic", 0), ("self-attention", 1152 * 10), ("inverted-attention", 32 + 17),
+                      ("self-routing", 1152 * 8 * 10 + 1152 * 10)],
+)  # fmt: skip
+def test_capsnet_routing_options_parameter_counts(routing, extra):
+    assert n_params(CapsNet(routing=routing)) == 8_215_568 + extra
+
+
+# ------------------------------------------------------------------------------------- outputs and losses
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_capsnet_with_each_routing_trains_one_step(routing):
+    model = CapsNet(config=small_config(routing=routing)).train()
+    images, labels = torch.rand(4, 1, 28, 28), torch.tensor([0, 1, 2, 3])
+    out = model(images, labels, return_coupling=True)
+    assert out.lengths.shape == (4, 10) and ((out.lengths >= 0) & (out.lengths <= 1)).all()
+    assert torch.allclose(out.coupling.sum(dim=2), torch.ones(4, model.config.n_primary), atol=1e-5)
+    total, parts = model.loss(out, images, labels)
+    total.backward()
+    assert torch.isfinite(total) and "margin" in parts
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_capsnet_rejects_unknown_routing():
+    with pytest.raises(ConfigError, match="unknown routing"):
+        CapsNet(routing="em")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["efficient-capsnet", "inverted-attention-capsnet", "self-routing-capsnet"])
+def test_models_return_capsnet_fields_and_a_loss(name):
+    cls = MODELS[name]
+    model = cls(in_channels=1, image_size=28).train()
+    images, labels = torch.rand(3, 1, 28, 28), torch.tensor([1, 5, 9])
+    out = model(images, labels, return_coupling=True)
+    assert out._fields[:5] == ("capsules", "lengths", "predictions", "reconstructions", "coupling")
+    assert out.lengths.shape == (3, 10) and out.predictions.shape == (3,)
+    assert torch.allclose(out.coupling.sum(dim=2), torch.ones(out.coupling.shape[:2]), atol=1e-5)
+    total, parts = model.loss(out, images, labels)
+    assert total.dim() == 0 and "total" in parts
+    total.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    assert cls.paper and cls.designed_for and cls.default_lr > 0
+    with pytest.raises(ValueError, match=r"\[B, 1, 28, 28\]"):
+        model(torch.rand(3, 1, 32, 32))
+
+
+def test_efficient_capsnet_recipe_defaults():
+    cfg = EfficientCapsNetConfig()
+    assert (cfg.recon_weight, cfg.recon_reduction) == (0.392, "mean")
+    assert EfficientCapsNet.default_lr == 5e-4 and EfficientCapsNet.default_lr_decay == 0.97
+    from capsnet.training.loop import TrainConfig
+
+    assert TrainConfig(model="efficient-capsnet").decay_per_epoch == 0.97
+    assert TrainConfig(model="efficient-capsnet", lr_decay=0.5).decay_per_epoch == 0.5
+    assert TrainConfig(model="efficient-capsnet").learning_rate == 5e-4
+
+
+# -------------------------------------------------------------------------------------------- save / load
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["efficient-capsnet", "inverted-attention-capsnet", "self-routing-capsnet"])
+def test_save_load_round_trip_is_strict(tmp_path, name):
+    model = MODELS[name](in_channels=1, image_size=28).eval()
+    model.save_pretrained(tmp_path / "m")
+    loaded = load_pretrained(tmp_path / "m")
+    assert type(loaded) is type(model) and loaded.config == model.config
+    x = torch.rand(2, 1, 28, 28)
+    assert torch.equal(model(x).lengths, loaded(x).lengths)
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(tmp_path / "m" / "model.safetensors"))
+    state["extra"] = torch.zeros(1)
+    save_file(state, str(tmp_path / "m" / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="do not match"):
+        load_pretrained(tmp_path / "m")
+
+
+@pytest.mark.parametrize("routing", ROUTINGS[1:])
+def test_capsnet_routing_option_round_trip(tmp_path, routing):
+    model = CapsNet(config=small_config(routing=routing)).eval()
+    model.save_pretrained(tmp_path / "m")
+    loaded = CapsNet.from_pretrained(tmp_path / "m")
+    assert loaded.config.routing == routing
+    x = torch.rand(2, 1, 28, 28)
+    assert torch.equal(model(x).lengths, loaded(x).lengths)
+
+
+# ------------------------------------------------------------------------------------------------- the CLI
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SMALL))
+def test_cli_trains_evaluates_and_predicts_each_model(tmp_path, capsys, name):
+    out = tmp_path / "run"
+    assert main(["train", "--model", name, "--out", str(out), *QUICK, *SMALL[name]]) == 0
+    assert "done: best test accuracy" in capsys.readouterr().out
+    model = load_pretrained(out / "best")
+    assert type(model) is MODELS[name]
+    test = load_dataset("mnist-sample").test
+    assert evaluate(model, Split(test.images[:32], test.labels[:32]))["n"] == 32
+    png = tmp_path / "digit.png"
+    Image.fromarray(test.images[0, 0].numpy()).save(png)
+    assert main(["predict", "--checkpoint", str(out), "--json", str(png)]) == 0
+    assert '"class"' in capsys.readouterr().out
+    figures = tmp_path / "figures"
+    assert main(["visualize", "--checkpoint", str(out), "--out", str(figures), "--limit", "16", "--n", "4"]) == 0
+    assert (figures / "routing.png").stat().st_size > 0 and (figures / "confusion.png").is_file()
+    assert (figures / "reconstructions.png").is_file() == (name == "efficient-capsnet")  # the one with a decoder
+    if name == "efficient-capsnet":  # the whole 2,000-image sample: seconds for this model, minutes for the others
+        assert main(["evaluate", "--checkpoint", str(out), "--json"]) == 0
+        assert '"accuracy"' in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("routing", ROUTINGS[1:])
+def test_cli_trains_capsnet_with_each_routing(tmp_path, capsys, routing):
+    out = tmp_path / "run"
+    assert main(["train", "--routing", routing, "--out", str(out), *QUICK, *SMALL_FLAGS]) == 0
+    assert load_pretrained(out / "best").config.routing == routing
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--model", "efficient-capsnet", "--backbone-kernels", "5", "3"], "one positive value per convolution"),
+        (["--model", "self-routing-capsnet", "--stem-channels", "8"], "not an option of --model self-routing"),
+        (["--model", "inverted-attention-capsnet", "--pose-dim", "8"], "pose_dim must be a square"),
+        (["--routing", "attention"], "invalid choice"),
+    ],
+)
+def test_cli_bad_options_give_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    try:
+        code = main(["train", "--out", str(tmp_path / "run"), *QUICK, *argv])
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SMALL))
+def test_torchrun_trains_each_model(tmp_path, name):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "capsnet",
+           "train", "--model", name, "--out", str(tmp_path / "run"), *QUICK, *SMALL[name]]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert r.stdout.count("done: best test accuracy") == 1
+    assert type(load_pretrained(tmp_path / "run" / "last")) is MODELS[name]
+
+
+def test_capsnet_models_lists_every_registered_model(capsys):
+    assert main(["models"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 + len(MODELS)
+    table = {line.split()[0]: line for line in lines[1:]}
+    assert set(table) == set(MODELS)
+    assert "1,573,168" in table["efficient-capsnet"] and "161,824" in table["efficient-capsnet"]
+    assert "Mazzia" in table["efficient-capsnet"] and "MNIST" in table["efficient-capsnet"]
+    assert "8,215,568" in table["capsnet"] and "6,804,224" in table["capsnet"]
+    assert "492,177" in table["inverted-attention-capsnet"] and "CIFAR-10" in table["inverted-attention-capsnet"]
+    assert main(["models", "--json"]) == 0
+    assert capsys.readouterr().out.count('"parameters"') == len(MODELS)
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_routing_figure_of_capsnet_with_each_routing(tmp_path, routing):
+    from capsnet.viz.figures import plot_routing
+
+    pytest.importorskip("matplotlib")
+    model = CapsNet(config=small_config(routing=routing)).eval()
+    path = plot_routing(model, torch.rand(1, 28, 28), 3, tmp_path / "routing.png")
+    assert path.stat().st_size > 0
+
+
+def test_visualize_skips_routing_for_a_model_without_weights(tmp_path):
+    from capsnet.models.baseline import BaselineCNN
+    from capsnet.viz.figures import visualize
+
+    pytest.importorskip("matplotlib")
+    BaselineCNN(channels=(4,), hidden=(8,)).save_pretrained(tmp_path / "m")
+    notes = []
+    written = visualize(tmp_path / "m", tmp_path / "fig", limit=8, log=notes.append)
+    assert set(written) == {"confusion"}
+    assert any("no routing weights" in n for n in notes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("routing", ROUTINGS[1:])
+def test_torchrun_trains_capsnet_with_each_routing(tmp_path, routing):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "capsnet",
+           "train", "--routing", routing, "--out", str(tmp_path / "run"), *QUICK, *SMALL_FLAGS]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert load_pretrained(tmp_path / "run" / "last").config.routing == routing

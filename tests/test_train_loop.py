@@ -1,0 +1,290 @@
+"""The training loop's device behaviour: no host syncs in the step, data on the device, precision checks,
+per-device defaults, CUDA random states in checkpoints, compile and torchrun (gradients synchronized)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import SMALL_FLAGS, small_config
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from capsnet.models.baseline import BaselineCNN, BaselineConfig
+from capsnet.training import hardware
+from capsnet.training import tasks as tasks_module
+from capsnet.training.checkpoint import get_rng_states, load_state, set_rng_states
+from capsnet.training.distributed import DistInfo
+from capsnet.training.loop import EpochSums, TrainConfig, build, train, train_step
+
+TINY = dict(train_subset=96, test_subset=64, batch_size=32, epochs=1, progress=False, tensorboard=False)
+SMALL_BASELINE = BaselineConfig(channels=(8, 8), hidden=(32, 16))
+
+
+class HostSyncs(TorchDispatchMode):
+    """Counts the reads of a tensor's value by the host: `aten._local_scalar_dense` (behind .item(), float(t),
+    int(t), bool(t)), plus .tolist() and .numpy(), which read memory without an aten op. On a GPU each one waits
+    for the device (torch.cuda.set_sync_debug_mode's equivalent, on the CPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+        self._saved = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        for name in ("tolist", "numpy"):
+            original = self._saved[name] = getattr(torch.Tensor, name)
+            setattr(torch.Tensor, name, self._counting(original))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, original)
+        return super().__exit__(*exc)
+
+    def _counting(self, original):
+        def read(t, *a, **k):
+            self.count += 1
+            return original(t, *a, **k)
+
+        return read
+
+
+def _run_config(tmp_path, name, **kw):
+    return TrainConfig(out=str(tmp_path / name), **{**TINY, **kw})
+
+
+@pytest.mark.slow
+def test_the_training_step_never_reads_the_device(tmp_path):
+    config = _run_config(tmp_path, "r")
+    run = build(config, small_config(), torch.device("cpu"), DistInfo(), None)
+    batches = list(run.task.batches(epoch=0, batch_size=32, seed=0, rank=0, world_size=1, device=run.device,
+                                    generator=run.augment_rng))  # fmt: skip
+    sums = EpochSums.zeros(run.device)
+    with HostSyncs() as syncs:
+        for batch in batches:
+            loss, n_correct = train_step(run, batch)
+            sums.add(loss, n_correct, batch.images.shape[0])
+    assert syncs.count == 0
+    with HostSyncs() as syncs:  # (the counter does see reads)
+        sums.to_list()
+        loss.item()
+    assert syncs.count == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["capsnet", "baseline"])
+def test_no_host_reads_between_steps(tmp_path, model):
+    """In a whole run (batches, augmentation, step, running sums, stop checks), nothing reads the device between
+    one step's end and the next: the reads all fall at the epoch's end (sums, evaluation, checkpoint)."""
+    config = _run_config(tmp_path, model, train_subset=192, model=model)  # 6 steps
+    counts = []
+    with HostSyncs() as syncs:
+        train(config, small_config() if model == "capsnet" else SMALL_BASELINE, on_step=lambda _: counts.append(
+            syncs.count) and False)  # fmt: skip
+        total = syncs.count
+    assert len(counts) == 6 and counts == [counts[0]] * 6, counts
+    assert total > counts[-1]  # (the epoch's end does read, and the counter sees it)
+
+
+@pytest.mark.slow
+def test_bf16_and_channels_last_training_runs(tmp_path):
+    result = train(_run_config(tmp_path, "r", precision="bf16", channels_last=True), small_config())
+    row = result.history[0]
+    assert torch.isfinite(torch.tensor(row["train_loss"])) and 0 <= row["test_acc"] <= 1
+
+
+@pytest.mark.slow
+def test_compiled_training_equals_eager(tmp_path):
+    torch._dynamo.reset()
+    eager = train(_run_config(tmp_path, "eager", train_subset=64), small_config())
+    compiled = train(_run_config(tmp_path, "compiled", train_subset=64, compile=True), small_config())
+    for key in ("train_loss", "train_acc", "test_loss", "test_acc"):
+        assert compiled.history[0][key] == pytest.approx(eager.history[0][key], rel=1e-4, abs=1e-5), key
+
+
+def test_recon_weight_zero_skips_the_decoder_in_training():
+    from capsnet import CapsNet
+
+    model = CapsNet(config=small_config(recon_weight=0.0)).train()
+    x, y = torch.rand(2, 1, 28, 28), torch.tensor([1, 2])
+    out = model(x, y)
+    assert out.reconstructions is None
+    model.loss(out, x, y)[0].backward()
+    assert all(p.grad is None and not p.requires_grad for p in model.decoder.parameters())  # frozen, for DDP
+    assert model.eval()(x).reconstructions is not None  # inference still reconstructs
+
+
+# ------------------------------------------------------------------------------------- precision, defaults
+@pytest.mark.parametrize("native, expect_note", [(True, False), (False, True)])
+def test_bf16_on_a_cpu_without_native_support_gets_one_line(native, expect_note, monkeypatch):
+    monkeypatch.setattr(hardware, "cpu_bf16_native", lambda: native)
+    note = hardware.precision_note(torch.device("cpu"), "bf16")
+    assert (note is not None) == expect_note
+    if note:
+        assert "\n" not in note and "fp32" in note and "AVX512_BF16" in note
+    assert hardware.precision_note(torch.device("cpu"), "fp32") is None
+
+
+@pytest.mark.parametrize(
+    "avx512_bf16, amx, expected", [(False, False, False), (True, False, True), (False, True, True)]
+)
+def test_cpu_bf16_capability_check(avx512_bf16, amx, expected, monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert hardware.cpu_bf16_native() is expected
+    # without torch's probes: the /proc/cpuinfo flags decide
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    flags = {"avx2"} | ({"avx512_bf16"} if avx512_bf16 else set()) | ({"amx_bf16"} if amx else set())
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: flags)
+    assert hardware.cpu_bf16_native() is expected
+
+
+def test_cuda_bf16_capability_check(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: not including_emulation)
+    assert hardware.bf16_native(torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    assert "this GPU" in hardware.precision_note(torch.device("cuda"), "bf16")
+
+
+def test_bf16_warning_is_printed_before_training(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(hardware, "cpu_bf16_native", lambda: False)
+    train(_run_config(tmp_path, "r", precision="bf16", train_subset=32), small_config())
+    err = [line for line in capsys.readouterr().err.splitlines() if "bf16" in line]
+    assert len(err) == 1 and "fp32" in err[0]
+
+
+@pytest.mark.slow
+def test_default_batch_is_per_device_and_printed(tmp_path, capsys):
+    assert TrainConfig().batch_size is None
+    assert hardware.default_batch_size(torch.device("cpu")) == 16
+    assert hardware.default_batch_size(torch.device("cuda")) == 128
+    config = _run_config(tmp_path, "r", batch_size=None, train_subset=32)
+    train(config, small_config())
+    assert "batch size 16 per process, lr 0.001" in capsys.readouterr().out
+    assert load_state(tmp_path / "r")["step"] == 2  # 32 images at the CPU default of 16
+
+
+def test_an_explicit_cuda_device_is_not_replaced_silently(capsys):
+    dist = DistInfo(rank=0, world_size=2, local_rank=1)
+    assert hardware.rank_device(torch.device("cuda", 3), dist) == torch.device("cuda", 1)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--device cuda:3 ignored under torchrun" in err[0] and "CUDA_VISIBLE_DEVICES" in err[0]
+    assert hardware.rank_device(torch.device("cuda"), dist) == torch.device("cuda", 1)
+    assert hardware.rank_device(torch.device("cpu"), dist) == torch.device("cpu")
+    assert capsys.readouterr().err == ""
+
+
+# ------------------------------------------------------------------------------------- data on the device
+def test_staged_batches_equal_the_resident_ones(monkeypatch):
+    from capsnet.data import load_dataset
+
+    data = load_dataset("mnist-sample")
+    task = tasks_module.ClassificationTask(train=tasks_module.subset(data.train, 100), test=data.test, shift=2)
+    kw = dict(epoch=1, batch_size=32, seed=3, rank=1, world_size=2, device=torch.device("cpu"), start=1)
+    resident = list(task.batches(generator=torch.Generator().manual_seed(5), **kw))
+    monkeypatch.setattr(tasks_module, "fits_on_device", lambda nbytes, device: False)
+    task._resident.clear()
+    staged = list(task.batches(generator=torch.Generator().manual_seed(5), **kw))
+    assert task.on_device("train", torch.device("cpu")) is None and len(staged) == len(resident) == 1
+    for a, b in zip(resident, staged, strict=True):
+        assert torch.equal(a.images, b.images) and torch.equal(a.targets, b.targets)
+
+
+def test_data_moves_to_the_device_only_within_its_budget(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1000, 4000))
+    assert tasks_module.fits_on_device(250, torch.device("cuda"))
+    assert not tasks_module.fits_on_device(251, torch.device("cuda"))
+    assert tasks_module.fits_on_device(10**12, torch.device("cpu"))
+
+
+# ------------------------------------------------------------------------------------- resume, random states
+@pytest.mark.slow
+def test_baseline_resume_with_dropout_is_bit_exact(tmp_path):
+    """The dropout masks come from the torch generator, which the checkpoint restores."""
+    kw = dict(model="baseline", epochs=2, batch_size=32)
+    full = train(_run_config(tmp_path, "full", **kw), SMALL_BASELINE)
+    stopped = train(_run_config(tmp_path, "resumed", **kw), SMALL_BASELINE, on_step=lambda step: step == 4)
+    assert stopped.interrupted
+    train(_run_config(tmp_path, "resumed", resume=True, **kw), SMALL_BASELINE)
+    a = BaselineCNN.from_pretrained(tmp_path / "full" / "last").state_dict()
+    b = BaselineCNN.from_pretrained(tmp_path / "resumed" / "last").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert full.epochs_done == 2
+
+
+def test_checkpoints_hold_the_cuda_random_state(monkeypatch):
+    """On CUDA the training GPU's generator is saved and restored (mocked here); CPU runs and older states have
+    none, and restore without it."""
+    cuda_state = torch.arange(16, dtype=torch.uint8)
+    restored = {}
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device=None: cuda_state.clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device=None: restored.update(state=state))
+    gen = torch.Generator().manual_seed(1)
+    states = get_rng_states(torch.device("cuda", 0), gen, DistInfo())
+    assert torch.equal(states["cuda"], cuda_state)
+    set_rng_states(states, torch.device("cuda", 0), gen, DistInfo())
+    assert torch.equal(restored["state"], cuda_state)
+    cpu_states = get_rng_states(torch.device("cpu"), gen, DistInfo())
+    assert "cuda" not in cpu_states
+    restored.clear()
+    set_rng_states(cpu_states, torch.device("cuda", 0), gen, DistInfo())  # an older or CPU state: nothing to set
+    assert not restored
+
+
+# ------------------------------------------------------------------------------------- torchrun
+DDP_SCRIPT = """
+import sys, torch
+from capsnet.training.loop import TrainConfig, train
+from capsnet.training.tasks import ClassificationTask
+
+class Recording(ClassificationTask):
+    def batches(self, **kw):
+        for batch in super().batches(**kw):
+            self.seen = getattr(self, "seen", []) + [batch.targets.clone()]
+            yield batch
+
+    def evaluate(self, model, **kw):
+        self.model = model
+        return super().evaluate(model, **kw)
+
+out, flags = sys.argv[1], sys.argv[2:]
+from capsnet.cli.train import configs_from_args
+from capsnet.cli import build_parser
+config, model_config = configs_from_args(build_parser().parse_args(["train", "--out", out, *flags]))
+task = Recording.from_config(config)
+train(config, model_config, task=task)
+rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else int(__import__("os").environ["RANK"])
+torch.save({"weights": task.model.state_dict(), "seen": torch.cat(task.seen)}, f"{out}/rank{rank}.pt")
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_recon_weight_zero_and_synchronized_gradients(tmp_path):
+    """Two gloo processes, --recon-weight 0 (the decoder gets no gradient and is skipped, which DDP needs), each
+    rank on its own share of the data: after training both hold the same weights, bit for bit."""
+    script = tmp_path / "ddp.py"
+    script.write_text(textwrap.dedent(DDP_SCRIPT))
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1",
+           "PYTHONFAULTHANDLER": "1"}  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(out),
+           "--epochs", "2", "--train-subset", "96", "--test-subset", "40", "--batch-size", "16", "--device", "cpu",
+           "--recon-weight", "0", "--no-progress", "--no-tensorboard", *SMALL_FLAGS]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, f"stdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-6000:]}"
+    a, b = (torch.load(out / f"rank{k}.pt", weights_only=True) for k in (0, 1))
+    assert not torch.equal(a["seen"], b["seen"])  # the ranks trained on different images
+    assert a["weights"].keys() == b["weights"].keys()
+    for key in a["weights"]:
+        assert torch.equal(a["weights"][key], b["weights"][key]), key
+    start = small_config()
+    assert start.recon_weight != 0  # (the flag, not the default, turned the reconstruction off)
