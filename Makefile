@@ -18,12 +18,14 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 # Everything: lint, types, every test (the slow ones too: extension build, notebook, torchrun, CLI subprocesses).
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 # The fast loop (under a minute on 2 cores): lint, types, the tests not marked slow.
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q -m "not slow"
 
@@ -32,6 +34,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_routing.py

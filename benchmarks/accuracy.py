@@ -35,20 +35,31 @@ def main() -> int:
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = p.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="capsnet-acc-")
-    cfg = TrainConfig(epochs=args.epochs, out=out, device=args.device, precision=args.precision, seed=args.seed,
-                      progress=False, tensorboard=False)
-    print(f"# bundled mnist-sample (6,000 train / 2,000 test), defaults: batch {cfg.batch_size}, "
-          f"lr {cfg.learning_rate}, "
-          f"decay {cfg.decay_per_epoch:.3g}/epoch, shift {cfg.shift}px, precision {cfg.precision}; "
-          f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    cfg = TrainConfig(
+        epochs=args.epochs,
+        out=out,
+        device=args.device,
+        precision=args.precision,
+        seed=args.seed,
+        progress=False,
+        tensorboard=False,
+    )
+    print(
+        f"# bundled mnist-sample (6,000 train / 2,000 test), defaults: batch {cfg.batch_size}, "
+        f"lr {cfg.learning_rate}, "
+        f"decay {cfg.decay_per_epoch:.3g}/epoch, shift {cfg.shift}px, precision {cfg.precision}; "
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    )
     t0 = time.time()
     result = train(cfg)
     wall = time.time() - t0
     print(f"# wall time {wall:.0f}s; run folder {out}")
     print("epoch  test_acc  test_err%  train_acc  images/s")
     for row in result.history:
-        print(f"{int(row['epoch']):>5d}  {row['test_acc']:.4f}   {100 * (1 - row['test_acc']):6.2f}    "
-              f"{row['train_acc']:.4f}   {row['images_per_s']:7.1f}")
+        print(
+            f"{int(row['epoch']):>5d}  {row['test_acc']:.4f}   {100 * (1 - row['test_acc']):6.2f}    "
+            f"{row['train_acc']:.4f}   {row['images_per_s']:7.1f}"
+        )
     ok = True
     for epoch, target in TARGETS.items():
         if epoch != args.epochs or epoch > len(result.history):
@@ -57,8 +68,10 @@ def main() -> int:
         ratio = (1 - acc) / (1 - target)
         met = acc >= target
         ok &= met
-        print(f"target epoch {epoch}: >= {target:.3f}  measured {acc:.4f}  error ratio {ratio:.2f}  "
-              f"{'MET' if met else 'MISSED'}")
+        print(
+            f"target epoch {epoch}: >= {target:.3f}  measured {acc:.4f}  error ratio {ratio:.2f}  "
+            f"{'MET' if met else 'MISSED'}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": vars(args), "history": result.history, "wall_s": wall}, f, indent=2)

@@ -74,8 +74,17 @@ def capsnet_epoch(
     """One epoch of `capsnet train`; returns its summary.csv row (images_per_s, seconds, ...)."""
     with tempfile.TemporaryDirectory(prefix="capsnet-bench-") as out:
         cfg = TrainConfig(
-            dataset=dataset, batch_size=batch_size, epochs=1, precision=precision, device=str(device), seed=seed,
-            out=out, progress=False, tensorboard=False, train_subset=subset, test_subset=subset,
+            dataset=dataset,
+            batch_size=batch_size,
+            epochs=1,
+            precision=precision,
+            device=str(device),
+            seed=seed,
+            out=out,
+            progress=False,
+            tensorboard=False,
+            train_subset=subset,
+            test_subset=subset,
         )
         result = train(cfg)
     return result.history[0]
@@ -102,8 +111,10 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(f"device={device} threads={torch.get_num_threads()} batch={args.batch_size} "
-          f"capsnet precision={args.precision} (labml loop fp32); one epoch of {args.dataset} per run")
+    print(
+        f"device={device} threads={torch.get_num_threads()} batch={args.batch_size} "
+        f"capsnet precision={args.precision} (labml loop fp32); one epoch of {args.dataset} per run"
+    )
     # Warm-up on a few batches: builds/loads the routing kernel and fills the allocator, outside the timings.
     capsnet_epoch(args.batch_size, device, args.precision, seed=0, dataset=args.dataset, subset=4 * args.batch_size)
     rates: dict[str, list[float]] = {"labml": [], "capsnet": []}
@@ -111,8 +122,11 @@ def main() -> int:
         rates["labml"].append(labml_epoch(args.batch_size, device, seed=r, dataset=args.dataset))
         row = capsnet_epoch(args.batch_size, device, args.precision, seed=r, dataset=args.dataset)
         rates["capsnet"].append(row["images_per_s"])
-        print(f"run {r + 1}: labml {rates['labml'][-1]:.1f} img/s, capsnet {rates['capsnet'][-1]:.1f} img/s "
-              f"({row['seconds']:.1f} s per epoch), ratio {rates['capsnet'][-1] / rates['labml'][-1]:.2f}x", flush=True)
+        print(
+            f"run {r + 1}: labml {rates['labml'][-1]:.1f} img/s, capsnet {rates['capsnet'][-1]:.1f} img/s "
+            f"({row['seconds']:.1f} s per epoch), ratio {rates['capsnet'][-1] / rates['labml'][-1]:.2f}x",
+            flush=True,
+        )
     med = {k: statistics.median(v) for k, v in rates.items()}
     # Each run pairs two back-to-back epochs, so the median of the per-run ratios is the figure that holds up
     # when the machine's speed drifts between runs.

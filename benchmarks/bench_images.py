@@ -37,8 +37,10 @@ from capsnet.training.loop import make_adam
 from capsnet.training.memory import capsnet_bytes
 
 SETUPS = {
-    "cifar10": (dict(in_channels=3, image_size=24, primary_types=64, padding="same", leaky_routing=True,
-                     decoder=False), 128),
+    "cifar10": (
+        dict(in_channels=3, image_size=24, primary_types=64, padding="same", leaky_routing=True, decoder=False),
+        128,
+    ),
     "folder64": (dict(in_channels=3, image_size=64), 32),
 }
 

@@ -115,7 +115,9 @@ def peak_memory_mib(variant: str, batch: int, device: torch.device) -> float:
     # CPU: a fresh process, so that the peak RSS belongs to this one step
     out = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--_probe", variant, str(batch)],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return float(out.stdout.strip().splitlines()[-1])
 
@@ -151,8 +153,12 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--tolerance", type=float, default=1e-5, help="max abs diff allowed (fp32)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
-    p.add_argument("--impl", default="router", choices=["router", "torch-fast", "both"],
-                   help="what to compare with labml's formulation (router: capsnet.Router as dispatched)")
+    p.add_argument(
+        "--impl",
+        default="router",
+        choices=["router", "torch-fast", "both"],
+        help="what to compare with labml's formulation (router: capsnet.Router as dispatched)",
+    )
     p.add_argument("--_probe", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._probe:
@@ -161,11 +167,15 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(f"device={device} threads={torch.get_num_threads()} torch={torch.__version__} "
-          f"shape: {IN_CAPS}x{IN_D} -> {OUT_CAPS}x{OUT_D}, 3 iterations, forward+backward, medians of {args.repeats}")
+    print(
+        f"device={device} threads={torch.get_num_threads()} torch={torch.__version__} "
+        f"shape: {IN_CAPS}x{IN_D} -> {OUT_CAPS}x{OUT_D}, 3 iterations, forward+backward, medians of {args.repeats}"
+    )
     impls = ["router", "torch-fast"] if args.impl == "both" else [args.impl]
-    print(f"{'impl':>10} {'batch':>5} {'labml img/s':>11} {'impl img/s':>11} {'speed-up':>9} {'labml MiB':>9}"
-          f" {'impl MiB':>9} {'max|dv|':>9} {'max|du|':>9} {'max|dW|':>9}")
+    print(
+        f"{'impl':>10} {'batch':>5} {'labml img/s':>11} {'impl img/s':>11} {'speed-up':>9} {'labml MiB':>9}"
+        f" {'impl MiB':>9} {'max|dv|':>9} {'max|du|':>9} {'max|dW|':>9}"
+    )
     ok = True
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
         diffs = {k: max_diffs(batch, device, k) for k in impls}
@@ -188,9 +198,12 @@ def main() -> int:
             mem = {k: peak_memory_mib(k, batch, device) for k in times}
         for k in impls:
             d = diffs[k]
-            print(f"{k:>10} {batch:>5} {batch / med['labml']:>11.0f} {batch / med[k]:>11.0f} "
-                  f"{med['labml'] / med[k]:>8.2f}x {mem['labml']:>9.1f} {mem[k]:>9.1f} "
-                  f"{d['v']:>9.1e} {d['grad_u']:>9.1e} {d['grad_W']:>9.1e}", flush=True)
+            print(
+                f"{k:>10} {batch:>5} {batch / med['labml']:>11.0f} {batch / med[k]:>11.0f} "
+                f"{med['labml'] / med[k]:>8.2f}x {mem['labml']:>9.1f} {mem[k]:>9.1f} "
+                f"{d['v']:>9.1e} {d['grad_u']:>9.1e} {d['grad_W']:>9.1e}",
+                flush=True,
+            )
     if not ok:
         print(f"FAILED: outputs or gradients differ by more than {args.tolerance}", file=sys.stderr)
         return 1

@@ -47,8 +47,12 @@ class LabmlCapsNet(nn.Module):
         self.class_caps.weight = nn.Parameter(torch.randn(1152, 10, 8, 16))
         self.decoder = nn.Module()
         self.decoder.net = nn.Sequential(
-            nn.Linear(160, 512), nn.ReLU(inplace=True), nn.Linear(512, 1024), nn.ReLU(inplace=True),
-            nn.Linear(1024, 784), nn.Sigmoid(),
+            nn.Linear(160, 512),
+            nn.ReLU(inplace=True),
+            nn.Linear(512, 1024),
+            nn.ReLU(inplace=True),
+            nn.Linear(1024, 784),
+            nn.Sigmoid(),
         )
 
     def forward(self, x, labels):
@@ -86,10 +90,14 @@ def build(batch: int, device: torch.device, channels_last: bool):
         model = model.to(memory_format=torch.channels_last)
     images = torch.rand(batch, 1, 28, 28, device=device)
     labels = torch.randint(0, 10, (batch,), device=device)
-    return {
-        "capsnet": (model, make_adam(list(model.parameters()), lr=1e-3, device=device)),  # as capsnet train does
-        "labml": (labml, torch.optim.Adam(labml.parameters(), lr=1e-3)),
-    }, images, labels
+    return (
+        {
+            "capsnet": (model, make_adam(list(model.parameters()), lr=1e-3, device=device)),  # as capsnet train does
+            "labml": (labml, torch.optim.Adam(labml.parameters(), lr=1e-3)),
+        },
+        images,
+        labels,
+    )
 
 
 def train_step(variant, model, opt, images, labels, precision, channels_last) -> float:
@@ -157,15 +165,20 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(f"device={device} threads={torch.get_num_threads()} precision={args.precision} "
-          f"channels_last={args.channels_last}; train step (fwd, loss, bwd, Adam), medians of {args.repeats}")
-    print(f"{'batch':>5} {'labml img/s':>11} {'CapsNet img/s':>14} {'speed-up':>9} {'labml MiB':>9}"
-          f" {'CapsNet MiB':>12} {'loss labml':>10} {'loss ours':>10}")
+    print(
+        f"device={device} threads={torch.get_num_threads()} precision={args.precision} "
+        f"channels_last={args.channels_last}; train step (fwd, loss, bwd, Adam), medians of {args.repeats}"
+    )
+    print(
+        f"{'batch':>5} {'labml img/s':>11} {'CapsNet img/s':>14} {'speed-up':>9} {'labml MiB':>9}"
+        f" {'CapsNet MiB':>12} {'loss labml':>10} {'loss ours':>10}"
+    )
     ok = True
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
         models, images, labels = build(batch, device, args.channels_last)
-        first = {k: train_step(k, m, o, images, labels, args.precision, args.channels_last)
-                 for k, (m, o) in models.items()}
+        first = {
+            k: train_step(k, m, o, images, labels, args.precision, args.channels_last) for k, (m, o) in models.items()
+        }
         tol = 1e-4 if args.precision == "fp32" else 2e-2
         ok &= abs(first["labml"] - first["capsnet"]) <= tol * max(1.0, abs(first["labml"]))
         times: dict[str, list[float]] = {k: [] for k in models}
@@ -181,9 +194,12 @@ def main() -> int:
             mem = {k: float("nan") for k in models}
         else:
             mem = {k: peak_memory_mib(k, batch, device, args.precision, args.channels_last) for k in models}
-        print(f"{batch:>5} {batch / med['labml']:>11.0f} {batch / med['capsnet']:>14.0f} "
-              f"{med['labml'] / med['capsnet']:>8.2f}x {mem['labml']:>9.1f} {mem['capsnet']:>12.1f} "
-              f"{first['labml']:>10.6f} {first['capsnet']:>10.6f}", flush=True)
+        print(
+            f"{batch:>5} {batch / med['labml']:>11.0f} {batch / med['capsnet']:>14.0f} "
+            f"{med['labml'] / med['capsnet']:>8.2f}x {mem['labml']:>9.1f} {mem['capsnet']:>12.1f} "
+            f"{first['labml']:>10.6f} {first['capsnet']:>10.6f}",
+            flush=True,
+        )
     if not ok:
         print("FAILED: the first-step losses differ", file=sys.stderr)
         return 1

@@ -60,8 +60,10 @@ def main() -> int:
         if not iterations or min(iterations) < 1 or args.batch_size < 1 or (args.limit is not None and args.limit < 1):
             raise ValueError
     except ValueError:
-        print("error: --iterations takes positive integers like 1,2,3; --batch-size and --limit must be >= 1",
-              file=sys.stderr)
+        print(
+            "error: --iterations takes positive integers like 1,2,3; --batch-size and --limit must be >= 1",
+            file=sys.stderr,
+        )
         return 2
     try:
         model = load_pretrained(resolve_checkpoint(args.checkpoint), map_location="cpu").eval()

@@ -6,8 +6,17 @@ from capsnet import CapsNetConfig, Router, squash
 
 SMALL_MODEL = dict(conv_channels=16, primary_types=4, primary_dim=4, class_dim=6, decoder_hidden=(32, 64))
 SMALL_FLAGS = [
-    "--conv-channels", "16", "--primary-types", "4", "--primary-dim", "4", "--class-dim", "6",
-    "--decoder-hidden", "32", "64",
+    "--conv-channels",
+    "16",
+    "--primary-types",
+    "4",
+    "--primary-dim",
+    "4",
+    "--class-dim",
+    "6",
+    "--decoder-hidden",
+    "32",
+    "64",
 ]
 
 

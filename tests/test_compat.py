@@ -45,8 +45,10 @@ def test_load_pretrained_maps_old_names_with_a_warning():
 
 def test_old_state_dict_keys_load_with_a_warning():
     model = CapsNet(config=CapsNetConfig(conv_channels=8, primary_types=2, primary_dim=4, class_dim=4))
-    old = {("digits." + k[len("class_caps."):] if k.startswith("class_caps.") else k): v.clone() + 1
-           for k, v in model.state_dict().items()}
+    old = {
+        ("digits." + k[len("class_caps.") :] if k.startswith("class_caps.") else k): v.clone() + 1
+        for k, v in model.state_dict().items()
+    }
     assert "digits.weight" in old
     with pytest.warns(DeprecationWarning, match="class_caps"):
         model.load_state_dict(old)
@@ -79,8 +81,16 @@ def test_capsnet_evaluate_on_the_old_run(capsys):
 def test_resume_the_old_run(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(FIXTURE, run)
-    config = TrainConfig(out=str(run), resume=True, epochs=3, train_subset=64, test_subset=50, batch_size=16,
-                         progress=False, tensorboard=False)
+    config = TrainConfig(
+        out=str(run),
+        resume=True,
+        epochs=3,
+        train_subset=64,
+        test_subset=50,
+        batch_size=16,
+        progress=False,
+        tensorboard=False,
+    )
     with pytest.warns(DeprecationWarning) as record:
         result = train(config)
     assert any("class_dim" in str(w.message) for w in record) and any("class_caps" in str(w.message) for w in record)

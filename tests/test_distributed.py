@@ -16,18 +16,43 @@ N_TEST = 101  # odd: the two ranks' shares (51 and 50 images) differ, so a figur
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1",
-            "PYTHONFAULTHANDLER": "1"}  # a crash prints every thread's Python stack
+    return {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).parents[1] / "src"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONFAULTHANDLER": "1",
+    }  # a crash prints every thread's Python stack
 
 
 @pytest.mark.slow
 def test_torchrun_two_cpu_processes(tmp_path):
     out = tmp_path / "run"
     env = _env()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "capsnet", "train", "--out", str(out), "--epochs", "2", "--train-subset", "128",
-           "--test-subset", str(N_TEST), "--batch-size", "16", "--device", "cpu", "--no-progress", "--no-tensorboard",
-           *SMALL_FLAGS]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "capsnet",
+        "train",
+        "--out",
+        str(out),
+        "--epochs",
+        "2",
+        "--train-subset",
+        "128",
+        "--test-subset",
+        str(N_TEST),
+        "--batch-size",
+        "16",
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--no-tensorboard",
+        *SMALL_FLAGS,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, f"stdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-6000:]}"
     # only rank 0 prints and writes: one summary line per epoch, one closing line
@@ -76,8 +101,16 @@ def test_evaluate_under_torchrun_counts_every_image_once(tmp_path):
     model.save_pretrained(tmp_path / "model")
     script = tmp_path / "eval.py"
     script.write_text(EVAL_SCRIPT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-           str(tmp_path / "model"), str(N_TEST)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        str(tmp_path / "model"),
+        str(N_TEST),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
     assert r.returncode == 0, f"stdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-6000:]}"
     lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]

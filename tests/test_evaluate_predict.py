@@ -17,8 +17,9 @@ from capsnet.training.loop import TrainConfig, train
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("eval") / "run"
-    cfg = TrainConfig(out=str(out), train_subset=128, test_subset=64, batch_size=32, epochs=1, progress=False,
-                      tensorboard=False)
+    cfg = TrainConfig(
+        out=str(out), train_subset=128, test_subset=64, batch_size=32, epochs=1, progress=False, tensorboard=False
+    )
     train(cfg, small_config())
     return out
 
@@ -68,8 +69,9 @@ def test_predict_png_and_jpeg_of_any_size(run_dir, tmp_path, capsys):
     split = load_dataset("mnist-sample").test
     _write_digit(tmp_path / "a.png", split.images[0])
     _write_digit(tmp_path / "b.jpg", split.images[1], invert=True, size=(90, 60))  # dark ink on white, 90x60
-    assert main(["predict", "--checkpoint", str(run_dir), str(tmp_path / "a.png"), str(tmp_path / "b.jpg"),
-                 "--json"]) == 0
+    assert (
+        main(["predict", "--checkpoint", str(run_dir), str(tmp_path / "a.png"), str(tmp_path / "b.jpg"), "--json"]) == 0
+    )
     rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert len(rows) == 2
     for row in rows:

@@ -139,9 +139,32 @@ def test_single_folder_run_is_evaluated_on_its_own_held_out_split(tmp_path, caps
     pytest.importorskip("PIL")
     standins.write_image_folder(tmp_path / "imgs", per_class=6, split=False)
     out = tmp_path / "run"
-    args = ["train", "--dataset", str(tmp_path / "imgs"), "--image-size", "16x20", "--image-channels", "1",
-            "--val-fraction", "0.34", "--epochs", "1", "--batch-size", "6", "--conv-channels", "8",
-            "--primary-types", "2", "--kernel-size", "5", "--out", str(out), "--no-progress", "--device", "cpu"]
+    args = [
+        "train",
+        "--dataset",
+        str(tmp_path / "imgs"),
+        "--image-size",
+        "16x20",
+        "--image-channels",
+        "1",
+        "--val-fraction",
+        "0.34",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "6",
+        "--conv-channels",
+        "8",
+        "--primary-types",
+        "2",
+        "--kernel-size",
+        "5",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     assert cli.main(args) == 0
     meta = json.loads((out / "config.json").read_text())
     assert meta["model"]["image_size"] == [16, 20] and meta["model"]["class_names"] == ["cat", "dog", "fox"]

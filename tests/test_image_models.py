@@ -117,7 +117,9 @@ def test_capsnet_takes_channels_non_square_sizes_and_classes():
     with pytest.raises(ValueError, match=r"\[B, 3, 20, 28\]"):
         model(torch.rand(2, 3, 28, 20))
     valid = CapsNetConfig(in_channels=2, image_size=32, n_classes=5, **SMALL)  # 32 -> 28 -> 12
-    assert valid.primary_hw == (12, 12) and CapsNet(config=valid, ).decoder.out_shape == (2, 32, 32)
+    assert valid.primary_hw == (12, 12) and CapsNet(
+        config=valid,
+    ).decoder.out_shape == (2, 32, 32)
     assert CapsNet(config=CapsNetConfig(decoder=False, **SMALL)).decoder is None
 
 

@@ -160,8 +160,14 @@ def test_config_round_trips_as_plain_dict():
 
 @pytest.mark.parametrize(("image_size", "kernel_size"), [(28, 9), (32, 9), (40, 9), (36, 5), (17, 9)])
 def test_primary_grid_is_the_primary_layers_output_grid(image_size, kernel_size):
-    cfg = CapsNetConfig(image_size=image_size, kernel_size=kernel_size, conv_channels=8, primary_types=2,
-                        routing_iterations=1, decoder=False)
+    cfg = CapsNetConfig(
+        image_size=image_size,
+        kernel_size=kernel_size,
+        conv_channels=8,
+        primary_types=2,
+        routing_iterations=1,
+        decoder=False,
+    )
     model = CapsNet(config=cfg)
     side = conv_output_size(image_size, kernel_size)  # after conv1
     assert side == model.conv1(torch.zeros(1, 1, image_size, image_size)).shape[-1]

@@ -90,11 +90,13 @@ def test_task_batches_deterministic_resumable_and_sharded(sample):
 
 
 def test_two_longest_capsules_metric():
-    lengths = torch.tensor([
-        [0.9, 0.8, 0.1, 0.0],  # top two = {0, 1}
-        [0.9, 0.1, 0.8, 0.0],  # top two = {0, 2}
-        [0.2, 0.3, 0.1, 0.95],  # top two = {3, 1}
-    ])
+    lengths = torch.tensor(
+        [
+            [0.9, 0.8, 0.1, 0.0],  # top two = {0, 1}
+            [0.9, 0.1, 0.8, 0.0],  # top two = {0, 2}
+            [0.2, 0.3, 0.1, 0.95],  # top two = {3, 1}
+        ]
+    )
     targets = torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0], [0, 1, 0, 1]], dtype=torch.float)
     assert two_longest_correct(lengths, targets).tolist() == [True, False, True]
 

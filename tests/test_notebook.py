@@ -58,8 +58,13 @@ def test_mnist_notebook_runs(tmp_path, monkeypatch):
     for name in FIGURES:
         png = (work / "figures" / f"{name}.png").read_bytes()
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 2000, name
-    images = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
-              if "image/png" in out.get("data", {})]
+    images = [
+        out
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+        if "image/png" in out.get("data", {})
+    ]
     assert len(images) == 1 + len(FIGURES)  # the sample digits, then each figure displayed inline
     text = "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []))
     # the model's parameter count, the data, the run's best accuracy and the evaluation of its best checkpoint

@@ -56,10 +56,18 @@ def test_wheel_holds_the_package_data_and_no_tests(wheel):
 def test_wheel_reads_its_bundled_digits(wheel, tmp_path):
     """The unpacked wheel alone (no checkout on the path) loads the bundled sample and parses the CLI."""
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
-    code = ("import capsnet, capsnet.cli; from capsnet.data import load_dataset; d = load_dataset('mnist-sample'); "
-            "print(capsnet.__file__, len(d.train), len(d.test))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                       env={"PYTHONPATH": str(tmp_path / "site"), "PATH": ""})
+    code = (
+        "import capsnet, capsnet.cli; from capsnet.data import load_dataset; d = load_dataset('mnist-sample'); "
+        "print(capsnet.__file__, len(d.train), len(d.test))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path / "site"), "PATH": ""},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     where, n_train, n_test = r.stdout.split()
     assert Path(where).is_relative_to(tmp_path / "site") and (n_train, n_test) == ("6000", "2000")

@@ -51,8 +51,14 @@ def test_npz_bad(tmp_path):
         "float_images": dict(x_train=x.astype(np.float32), y_train=y, x_test=x, y_test=y),
         "no_test": dict(x_train=x, y_train=y),
     }
-    messages = {"lengths": "4 images but 3 labels", "one_class": "only one class", "range": "label 2 is out of range",
-                "negative": "label -1 is out of range", "float_images": "expected uint8", "no_test": "no x_test"}
+    messages = {
+        "lengths": "4 images but 3 labels",
+        "one_class": "only one class",
+        "range": "label 2 is out of range",
+        "negative": "label -1 is out of range",
+        "float_images": "expected uint8",
+        "no_test": "no x_test",
+    }
     for name, arrays in cases.items():
         np.savez(tmp_path / f"{name}.npz", **arrays)
         with pytest.raises(DatasetError, match=messages[name]) as e:
@@ -122,8 +128,11 @@ def test_archive_extraction_is_flat_and_selective(tmp_path):
 
     archive = tmp_path / "a.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
-        for name, data in (("cifar-10-batches-bin/test_batch.bin", b"x" * 10), ("../evil.bin", b"no"),
-                           ("cifar-10-batches-bin/readme.html", b"skip")):
+        for name, data in (
+            ("cifar-10-batches-bin/test_batch.bin", b"x" * 10),
+            ("../evil.bin", b"no"),
+            ("cifar-10-batches-bin/readme.html", b"skip"),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))

@@ -22,8 +22,17 @@ TINY_BASELINE = dict(channels=(8, 8, 4), hidden=(32, 16))
 
 
 def _tiny(**kw) -> Setting:
-    base = dict(dataset="mnist-sample", epochs=1, batch_size=32, train_subset=48, test_subset=24,
-                pairs_per_digit=1, capsnet=dict(SMALL_MODEL), baseline=dict(TINY_BASELINE), note="tiny")
+    base = dict(
+        dataset="mnist-sample",
+        epochs=1,
+        batch_size=32,
+        train_subset=48,
+        test_subset=24,
+        pairs_per_digit=1,
+        capsnet=dict(SMALL_MODEL),
+        baseline=dict(TINY_BASELINE),
+        note="tiny",
+    )
     return Setting(**{**base, **kw})
 
 
@@ -33,7 +42,9 @@ def test_multimnist_end_to_end(tmp_path):
     saved = json.loads((tmp_path / "multimnist" / "results.json").read_text())
     assert saved["rows"] == report["rows"]
     assert [(r["model"], r["metric"]) for r in report["rows"]] == [
-        ("capsnet", "MultiMNIST test error (%)"), ("baseline", "MultiMNIST test error (%)")]
+        ("capsnet", "MultiMNIST test error (%)"),
+        ("baseline", "MultiMNIST test error (%)"),
+    ]
     assert [r["paper"] for r in report["rows"]] == [5.2, 8.1]
     # "ours" is the error of the run's final model: evaluating its saved last/ on the same test pairs gives it again
     data = load_dataset("mnist-sample")
@@ -53,8 +64,9 @@ def test_multimnist_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_affnist_end_to_end_reports_both_test_sets(tmp_path):
-    report = run_experiment("affnist", out=str(tmp_path), device="auto", progress=False,
-                            setting=_tiny(train_subset=32, test_subset=16))
+    report = run_experiment(
+        "affnist", out=str(tmp_path), device="auto", progress=False, setting=_tiny(train_subset=32, test_subset=16)
+    )
     metrics = [(r["model"], r["metric"]) for r in report["rows"]]
     assert ("capsnet", "affNIST test accuracy (%)") in metrics
     assert ("baseline", "expanded MNIST test accuracy (%)") in metrics

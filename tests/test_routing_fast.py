@@ -16,6 +16,7 @@ def _pytorch_fast_path(monkeypatch):
     the pure-PyTorch fast path, which CAPSNET_NO_EXT=1 selects."""
     monkeypatch.setenv("CAPSNET_NO_EXT", "1")
 
+
 def _run(fn, u, w, grad_v, grad_c):
     """Outputs (v, c) and the gradients of u and W of L = Σ v·grad_v + Σ c·grad_c."""
     u = u.detach().clone().requires_grad_()

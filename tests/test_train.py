@@ -101,7 +101,7 @@ def test_resume_extends_a_finished_run(tmp_path):
 def test_decay_per_epoch_stretches_with_the_run():
     assert TrainConfig(epochs=3).decay_per_epoch == pytest.approx(0.5)  # the sample's tuned 3-epoch schedule
     ten = TrainConfig(epochs=10)
-    assert ten.decay_per_epoch ** 9 == pytest.approx(ten.lr_end)  # the 10th epoch runs at lr × lr_end
+    assert ten.decay_per_epoch**9 == pytest.approx(ten.lr_end)  # the 10th epoch runs at lr × lr_end
     assert TrainConfig(epochs=1).decay_per_epoch == 1.0
     assert TrainConfig(epochs=10, lr_decay=0.9).decay_per_epoch == 0.9
     for bad in ({"lr_end": 0.0}, {"lr_end": 1.5}, {"lr_decay": 0.0}, {"lr_decay": 1.2}, {"lr": 0.0}):
@@ -147,8 +147,9 @@ def test_existing_run_is_not_overwritten(tmp_path, capsys):
 def _cli(*args, cwd=None, env_extra=None):
     env = {**os.environ, **(env_extra or {})}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1] / "src"), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "capsnet", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "capsnet", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
 
 
 @pytest.mark.slow
@@ -187,8 +188,10 @@ def test_corrupt_checkpoint_and_state_give_one_line(tmp_path):
 
 def test_config_file_and_flags(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("epochs: 1\ntrain_subset: 64\ntest_subset: 32\nbatch_size: 32\nmodel:\n  conv_channels: 16\n"
-                   "  primary_types: 4\n  primary_dim: 4\n  class_dim: 6\n  decoder_hidden: [32, 64]\n")
+    cfg.write_text(
+        "epochs: 1\ntrain_subset: 64\ntest_subset: 32\nbatch_size: 32\nmodel:\n  conv_channels: 16\n"
+        "  primary_types: 4\n  primary_dim: 4\n  class_dim: 6\n  decoder_hidden: [32, 64]\n"
+    )
     code = main(["train", "--config", str(cfg), "--batch-size", "64", "--out", str(tmp_path / "r"), "--no-progress"])
     assert code == 0
     saved = json.loads((tmp_path / "r" / "config.json").read_text())
@@ -200,8 +203,25 @@ def test_config_file_and_flags(tmp_path):
 def test_sigterm_saves_checkpoint_and_exits_cleanly(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    cmd = [sys.executable, "-m", "capsnet", "train", "--out", str(out), "--epochs", "50", "--train-subset", "64",
-           "--test-subset", "32", "--batch-size", "32", "--no-progress", "--no-tensorboard", *SMALL_FLAGS]
+    cmd = [
+        sys.executable,
+        "-m",
+        "capsnet",
+        "train",
+        "--out",
+        str(out),
+        "--epochs",
+        "50",
+        "--train-subset",
+        "64",
+        "--test-subset",
+        "32",
+        "--batch-size",
+        "32",
+        "--no-progress",
+        "--no-tensorboard",
+        *SMALL_FLAGS,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 240
     while not (out / "summary.csv").exists() and time.time() < deadline and proc.poll() is None:
@@ -238,8 +258,12 @@ def test_model_flags_reach_the_chosen_models_config(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "flags, named", [(["--conv-channels", "8"], "--conv-channels"), (["--no-decoder"], "--decoder"),
-                     (["--recon-weight", "0.1"], "--recon-weight")]
+    "flags, named",
+    [
+        (["--conv-channels", "8"], "--conv-channels"),
+        (["--no-decoder"], "--decoder"),
+        (["--recon-weight", "0.1"], "--recon-weight"),
+    ],
 )
 def test_a_flag_the_model_does_not_take_is_rejected(flags, named, tmp_path, capsys):
     code = main(["train", "--model", "baseline", *flags, "--out", str(tmp_path / "r")])

@@ -108,8 +108,23 @@ def test_same_seed_same_bytes_other_seed_other_digits(run_dir, small_data, figur
 @pytest.mark.slow
 def test_cli_writes_and_prints_every_figure(run_dir, small_data, tmp_path, capsys):
     out = tmp_path / "out"
-    rc = main(["visualize", "--checkpoint", str(run_dir), "--data-dir", str(small_data), "--out", str(out),
-               "--n", "3", "--seed", "2", "--limit", "20"])
+    rc = main(
+        [
+            "visualize",
+            "--checkpoint",
+            str(run_dir),
+            "--data-dir",
+            str(small_data),
+            "--out",
+            str(out),
+            "--n",
+            "3",
+            "--seed",
+            "2",
+            "--limit",
+            "20",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     printed = captured.out.split()
@@ -120,8 +135,21 @@ def test_cli_writes_and_prints_every_figure(run_dir, small_data, tmp_path, capsy
 @pytest.mark.slow
 def test_save_pretrained_folder_skips_curves_with_a_note(run_dir, small_data, tmp_path, capsys):
     model_dir = shutil.copytree(run_dir / "best", tmp_path / "model")
-    rc = main(["visualize", "--checkpoint", str(model_dir), "--dataset", str(small_data), "--out",
-               str(tmp_path / "out"), "--n", "2", "--limit", "10"])
+    rc = main(
+        [
+            "visualize",
+            "--checkpoint",
+            str(model_dir),
+            "--dataset",
+            str(small_data),
+            "--out",
+            str(tmp_path / "out"),
+            "--n",
+            "2",
+            "--limit",
+            "10",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert "curves.png" in captured.err and "not a training run folder" in captured.err
@@ -133,8 +161,7 @@ def test_save_pretrained_folder_skips_curves_with_a_note(run_dir, small_data, tm
 def test_model_without_decoder_skips_reconstruction_figures(small_data, tmp_path):
     CapsNet(decoder=False).save_pretrained(tmp_path / "model")
     notes = []
-    written = visualize(tmp_path / "model", tmp_path / "out", data_dir=str(small_data), n=2, limit=10,
-                        log=notes.append)
+    written = visualize(tmp_path / "model", tmp_path / "out", data_dir=str(small_data), n=2, limit=10, log=notes.append)
     assert set(written) == {"routing", "confusion"}
     assert any("no decoder" in note for note in notes)
 
@@ -159,8 +186,9 @@ def _bad_checkpoint(kind: str, run_dir: Path, tmp: Path) -> Path:
 @pytest.mark.parametrize("kind", ["missing", "file", "empty", "corrupt-weights", "corrupt-config"])
 def test_bad_checkpoint_exits_2_with_one_line(kind, run_dir, small_data, tmp_path, capsys):
     checkpoint = _bad_checkpoint(kind, run_dir, tmp_path)
-    rc = main(["visualize", "--checkpoint", str(checkpoint), "--data-dir", str(small_data), "--out",
-               str(tmp_path / "out")])
+    rc = main(
+        ["visualize", "--checkpoint", str(checkpoint), "--data-dir", str(small_data), "--out", str(tmp_path / "out")]
+    )
     captured = capsys.readouterr()
     assert rc == 2
     lines = captured.err.strip().splitlines()

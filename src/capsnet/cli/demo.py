@@ -32,14 +32,18 @@ def run(args: argparse.Namespace) -> int:
     if resume and load_state(out)["epoch"] >= args.epochs:
         print(f"{out} already holds a finished {args.epochs}-epoch demo run; evaluating it")
     else:
-        print(f"training the paper's CapsNet on the bundled MNIST sample (6,000 train / 2,000 test) for "
-              f"{args.epochs} epochs -> {out}/" + (" (resuming)" if resume else ""))
+        print(
+            f"training the paper's CapsNet on the bundled MNIST sample (6,000 train / 2,000 test) for "
+            f"{args.epochs} epochs -> {out}/" + (" (resuming)" if resume else "")
+        )
         result = train(TrainConfig(epochs=args.epochs, out=str(out), resume=resume, device=args.device))
         if result.interrupted:
             return 130
     r = evaluate_checkpoint(out, dataset="mnist-sample", device=str(resolve_device(args.device)))
-    print(f"test accuracy of {out}/best: {r['accuracy']:.4f} on {r['n']} bundled test digits "
-          f"(error {100 * (1 - r['accuracy']):.2f}%)")
+    print(
+        f"test accuracy of {out}/best: {r['accuracy']:.4f} on {r['n']} bundled test digits "
+        f"(error {100 * (1 - r['accuracy']):.2f}%)"
+    )
     figures = _figures(out, args) if args.figures else []
     print("outputs:")
     print(f"  {out}/best/, {out}/last/   weights (model.safetensors + config.json; CapsNet.from_pretrained)")

@@ -24,15 +24,21 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     r = evaluate_checkpoint(
-        args.checkpoint if len(args.checkpoint) > 1 else args.checkpoint[0], dataset=args.dataset,
-        data_dir=args.data_dir, split=args.split, batch_size=args.batch_size, device=args.device,
+        args.checkpoint if len(args.checkpoint) > 1 else args.checkpoint[0],
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        split=args.split,
+        batch_size=args.batch_size,
+        device=args.device,
     )
     if args.json:
         print(json.dumps(r))
         return 0
     k = len(r["per_class"])
-    print(f"{r['dataset']} {r['split']}: accuracy {r['accuracy']:.4f} ({r['n']} images), "
-          f"error {100 * (1 - r['accuracy']):.2f}%")
+    print(
+        f"{r['dataset']} {r['split']}: accuracy {r['accuracy']:.4f} ({r['n']} images), "
+        f"error {100 * (1 - r['accuracy']):.2f}%"
+    )
     if len(args.checkpoint) > 1:
         print(f"ensemble of {len(args.checkpoint)} checkpoints (capsule lengths averaged)")
     names = r.get("class_names") or [str(j) for j in range(k)]

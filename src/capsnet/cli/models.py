@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     width, paper = max(len(r["model"]) for r in rows), max(len(r["paper"]) for r in rows)
     print(f"{'model':<{width}}  {'parameters':>11}  {'no decoder':>11}  {'paper':<{paper}}  designed for")
     for r in rows:
-        print(f"{r['model']:<{width}}  {r['parameters']:>11,}  {r['without_decoder']:>11,}  {r['paper']:<{paper}}  "
-              f"{r['designed_for']}")
+        print(
+            f"{r['model']:<{width}}  {r['parameters']:>11,}  {r['without_decoder']:>11,}  {r['paper']:<{paper}}  "
+            f"{r['designed_for']}"
+        )
     return 0

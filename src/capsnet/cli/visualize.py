@@ -18,17 +18,30 @@ def register(subparsers) -> None:
         description="Write reconstructions.png, perturbation.png, routing.png, curves.png and confusion.png "
         "for a checkpoint (a training run folder or a save_pretrained folder).",
     )
-    p.add_argument("--checkpoint", required=True, metavar="PATH",
-                   help="run folder (uses best/, else last/) or save_pretrained folder")
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="PATH",
+        help="run folder (uses best/, else last/) or save_pretrained folder",
+    )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--dataset", default="mnist-sample", metavar="NAME",
-                     help="data set name or folder (default: the bundled mnist-sample)")
+    src.add_argument(
+        "--dataset",
+        default="mnist-sample",
+        metavar="NAME",
+        help="data set name or folder (default: the bundled mnist-sample)",
+    )
     src.add_argument("--data-dir", metavar="DIR", help="folder holding MNIST-format IDX files")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the PNG files into")
     p.add_argument("--seed", type=int, default=0, help="seed choosing the displayed test digits (default: 0)")
     p.add_argument("--n", type=_positive, default=10, help="digits in reconstructions.png (default: 10)")
-    p.add_argument("--limit", type=_positive, default=None, metavar="N",
-                   help="confusion matrix over the first N test images only (default: all)")
+    p.add_argument(
+        "--limit",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="confusion matrix over the first N test images only (default: all)",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto (default: cpu)")
     p.set_defaults(func=run)
 
@@ -45,8 +58,15 @@ def _positive(s: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     written = visualize(
-        args.checkpoint, args.out, dataset=args.dataset, data_dir=args.data_dir, seed=args.seed, n=args.n,
-        limit=args.limit, device=args.device, log=lambda msg: print(msg, file=sys.stderr),
+        args.checkpoint,
+        args.out,
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        seed=args.seed,
+        n=args.n,
+        limit=args.limit,
+        device=args.device,
+        log=lambda msg: print(msg, file=sys.stderr),
     )
     for path in written.values():
         print(path)

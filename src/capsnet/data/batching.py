@@ -76,8 +76,9 @@ def iterate_batches(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    idx = _shard(len(split), rank=rank, world_size=world_size, shuffle=shuffle, seed=seed, epoch=epoch,
-                 drop_last=drop_last)
+    idx = _shard(
+        len(split), rank=rank, world_size=world_size, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last
+    )
     return _batches(split, idx, batch_size=batch_size, drop_last=drop_last, device=torch.device(device))
 
 

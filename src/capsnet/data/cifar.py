@@ -38,7 +38,7 @@ def data_folder(folder: Path, kind: str) -> Path:
 
 
 def detect(folder: Path) -> str | None:
-    """"cifar10" or "cifar100" when `folder` holds that binary distribution, else None.
+    """ "cifar10" or "cifar100" when `folder` holds that binary distribution, else None.
 
     DatasetError for the pickled python version, so it is named rather than reported as "unknown format".
     """

@@ -98,5 +98,3 @@ def load_dataset(
             raise DatasetError(f"{name} is not downloaded (download disabled); " + missing_files_message(name, folder))
         _download(name, folder, mirrors=mirrors)
     return _load_cached(folder, name=name, source=source, **options)
-
-

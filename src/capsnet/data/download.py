@@ -93,7 +93,9 @@ DATASETS: dict[str, dict[str, Any]] = {
         "files": {"cifar-10-binary.tar.gz": "c32a1d4ab5d03f1284b67883e8d87530"},
         "extract": {
             "cifar-10-binary.tar.gz": [
-                *(f"data_batch_{i}.bin" for i in range(1, 6)), "test_batch.bin", "batches.meta.txt",
+                *(f"data_batch_{i}.bin" for i in range(1, 6)),
+                "test_batch.bin",
+                "batches.meta.txt",
             ],
         },
         "mirrors": ["https://www.cs.toronto.edu/~kriz/"],

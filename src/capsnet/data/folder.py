@@ -40,7 +40,7 @@ CACHE_VERSION = 1
 
 
 def parse_size(text: str | int | tuple[int, int] | list[int] | None) -> tuple[int, int] | None:
-    """"32" -> (32, 32); "48x64" -> (48, 64) (H×W); ints and pairs pass through."""
+    """ "32" -> (32, 32); "48x64" -> (48, 64) (H×W); ints and pairs pass through."""
     if text is None:
         return None
     if isinstance(text, int):

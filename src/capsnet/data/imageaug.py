@@ -187,7 +187,7 @@ DEFAULTS: dict[str, AugmentSpec] = {
 
 
 def resolve_augment(text: str, kind: str, *, shift: int = 2) -> AugmentSpec:
-    """"auto": the default of data format `kind` (its 2 px shift replaced by `shift`, TrainConfig.shift);
+    """ "auto": the default of data format `kind` (its 2 px shift replaced by `shift`, TrainConfig.shift);
     otherwise :meth:`AugmentSpec.parse`."""
     if text != "auto":
         return AugmentSpec.parse(text)

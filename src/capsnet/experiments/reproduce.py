@@ -40,8 +40,10 @@ PAPER: dict[str, dict[tuple[str, str], float]] = {
     "mnist": {("MNIST test error (%)", "capsnet"): 0.25, ("MNIST test error (%)", "baseline"): 0.39},
     "multimnist": {("MultiMNIST test error (%)", "capsnet"): 5.2, ("MultiMNIST test error (%)", "baseline"): 8.1},
     "affnist": {
-        ("expanded MNIST test accuracy (%)", "capsnet"): 99.23, ("expanded MNIST test accuracy (%)", "baseline"): 99.22,
-        ("affNIST test accuracy (%)", "capsnet"): 79.0, ("affNIST test accuracy (%)", "baseline"): 66.0,
+        ("expanded MNIST test accuracy (%)", "capsnet"): 99.23,
+        ("expanded MNIST test accuracy (%)", "baseline"): 99.22,
+        ("affNIST test accuracy (%)", "capsnet"): 79.0,
+        ("affNIST test accuracy (%)", "baseline"): 66.0,
     },
 }
 
@@ -83,10 +85,18 @@ def setting_for(experiment: str, *, quick: bool, dataset: str | None = None) -> 
         what += f" x {sizes['pairs_per_digit']} pairs each, one test pair per test digit"
     else:
         what += ", every test digit"
-    note = (f"QUICK run: {what}, {sizes['epochs']} epochs, batch 32, narrower models (CapsNet {QUICK_CAPSNET}, "
-            f"baseline {QUICK_BASELINE}); sized for a 2-core CPU, not the paper's setting")
-    return Setting(dataset=dataset or "mnist-sample", batch_size=32, capsnet=dict(QUICK_CAPSNET),
-                   baseline=dict(QUICK_BASELINE), note=note, **sizes)
+    note = (
+        f"QUICK run: {what}, {sizes['epochs']} epochs, batch 32, narrower models (CapsNet {QUICK_CAPSNET}, "
+        f"baseline {QUICK_BASELINE}); sized for a 2-core CPU, not the paper's setting"
+    )
+    return Setting(
+        dataset=dataset or "mnist-sample",
+        batch_size=32,
+        capsnet=dict(QUICK_CAPSNET),
+        baseline=dict(QUICK_BASELINE),
+        note=note,
+        **sizes,
+    )
 
 
 def run_experiment(
@@ -118,8 +128,12 @@ def run_experiment(
     affnist_test, affnist_what = None, None
     if experiment == "multimnist":
         task = MultiMNISTTask(
-            train=train_split, test=test_split, n_classes=data.n_classes, pairs_per_digit=setting.pairs_per_digit,
-            test_pairs_per_digit=setting.test_pairs_per_digit, seed=seed,
+            train=train_split,
+            test=test_split,
+            n_classes=data.n_classes,
+            pairs_per_digit=setting.pairs_per_digit,
+            test_pairs_per_digit=setting.test_pairs_per_digit,
+            seed=seed,
         )
     elif experiment == "affnist":
         task = ExpandedMNISTTask(train=train_split, test=test_split, n_classes=data.n_classes, seed=seed)
@@ -131,9 +145,18 @@ def run_experiment(
     rows, runs = [], {}
     for model in ("capsnet", "baseline"):
         config = TrainConfig(
-            dataset=setting.dataset, train_subset=setting.train_subset, test_subset=setting.test_subset,
-            epochs=setting.epochs, batch_size=setting.batch_size, lr=setting.lr, seed=seed, device=device,
-            out=str(root / model), resume=resume, progress=progress, model=model,
+            dataset=setting.dataset,
+            train_subset=setting.train_subset,
+            test_subset=setting.test_subset,
+            epochs=setting.epochs,
+            batch_size=setting.batch_size,
+            lr=setting.lr,
+            seed=seed,
+            device=device,
+            out=str(root / model),
+            resume=resume,
+            progress=progress,
+            model=model,
         )
         model_config = CapsNetConfig(**setting.capsnet) if model == "capsnet" else BaselineConfig(**setting.baseline)
         print(f"== {experiment}: training {model} -> {config.out}", flush=True)
@@ -152,8 +175,12 @@ def run_experiment(
             acc = evaluate(trained, affnist_test, batch_size=config.eval_batch_size, device=dev)["accuracy"]
             rows.append(_row(experiment, "affNIST test accuracy (%)", model, 100 * acc, note=affnist_what))
     report = {
-        "experiment": experiment, "quick": quick, "setting": dataclasses.asdict(setting), "seed": seed,
-        "rows": rows, "runs": runs,
+        "experiment": experiment,
+        "quick": quick,
+        "setting": dataclasses.asdict(setting),
+        "seed": seed,
+        "rows": rows,
+        "runs": runs,
     }
     atomic_write_json(root / "results.json", report)
     return report

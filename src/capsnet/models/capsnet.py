@@ -45,8 +45,11 @@ class CapsNetConfig:
                   "kernel//2; the official code's CIFAR-10 setup, github.com/Sarasra/models research/capsules)"},
     )  # fmt: skip
     conv1_stride: int = field(
-        default=1, metadata={"help": "stride of the first convolution (paper: 1); 2 or more shrinks large images' "
-                             "primary capsule grid, and with it the routing's memory and time"},
+        default=1,
+        metadata={
+            "help": "stride of the first convolution (paper: 1); 2 or more shrinks large images' "
+            "primary capsule grid, and with it the routing's memory and time"
+        },
     )
     primary_types: int = field(default=32, metadata={"help": "primary capsule types"})
     primary_dim: int = field(default=8, metadata={"help": "primary capsule dimension"})
@@ -103,8 +106,16 @@ class CapsNetConfig:
     _renamed_keys: ClassVar[dict[str, str]] = {"digit_dim": "class_dim"}
 
     def __post_init__(self) -> None:
-        ints = ("in_channels", "conv_channels", "kernel_size", "primary_types", "primary_dim", "class_dim",
-                "routing_iterations", "conv1_stride")
+        ints = (
+            "in_channels",
+            "conv_channels",
+            "kernel_size",
+            "primary_types",
+            "primary_dim",
+            "class_dim",
+            "routing_iterations",
+            "conv1_stride",
+        )
         for name in ints:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -180,15 +191,21 @@ class CapsNet(Pretrained, nn.Module):
         self.conv1 = nn.Conv2d(cfg.in_channels, cfg.conv_channels, cfg.kernel_size, stride=cfg.conv1_stride,
                                padding=pad)  # fmt: skip
         self.primary = PrimaryCapsules(
-            in_channels=cfg.conv_channels, n_types=cfg.primary_types, capsule_dim=cfg.primary_dim,
-            kernel_size=cfg.kernel_size, stride=2, padding=pad,
+            in_channels=cfg.conv_channels,
+            n_types=cfg.primary_types,
+            capsule_dim=cfg.primary_dim,
+            kernel_size=cfg.kernel_size,
+            stride=2,
+            padding=pad,
         )
         self.class_caps = class_capsule_layer(cfg)
         if cfg.routing == "inverted-attention":  # Tsai et al.'s classifier shared by the class capsules: pose -> logit
             self.class_logit = nn.Linear(cfg.class_dim, 1)
         self.decoder = (
             CapsuleDecoder(
-                n_capsules=cfg.n_classes, capsule_dim=cfg.class_dim, hidden=cfg.decoder_hidden,
+                n_capsules=cfg.n_classes,
+                capsule_dim=cfg.class_dim,
+                hidden=cfg.decoder_hidden,
                 out_shape=(cfg.in_channels, *image_hw(cfg.image_size)),
             )
             if cfg.decoder
@@ -204,10 +221,11 @@ class CapsNet(Pretrained, nn.Module):
         """Accept the weights of older saves (capsnet 0.1.0), whose class capsules were called `digits`."""
         old = [k for k in state_dict if k.startswith(prefix + "digits.")]
         if old:
-            warnings.warn("state dict keys 'digits.*' are deprecated, now 'class_caps.*'", DeprecationWarning,
-                          stacklevel=4)
+            warnings.warn(
+                "state dict keys 'digits.*' are deprecated, now 'class_caps.*'", DeprecationWarning, stacklevel=4
+            )
             for key in old:
-                state_dict[prefix + "class_caps." + key[len(prefix + "digits."):]] = state_dict.pop(key)
+                state_dict[prefix + "class_caps." + key[len(prefix + "digits.") :]] = state_dict.pop(key)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(

@@ -115,8 +115,13 @@ class EfficientCapsNetConfig:
         """The paper's smallNORB model: 48×48 stereo pairs (2 channels), 5 classes, a 7×7 stride-2 first
         convolution, instance normalisation and leaky ReLU; feature maps 48 → 21 → 19 → 17 → 8 → 1."""
         preset = dict(
-            in_channels=2, image_size=48, n_classes=5, backbone_kernels=(7, 3, 3, 3), backbone_strides=(2, 1, 1, 2),
-            backbone_norm="instance", backbone_activation="leaky-relu",
+            in_channels=2,
+            image_size=48,
+            n_classes=5,
+            backbone_kernels=(7, 3, 3, 3),
+            backbone_strides=(2, 1, 1, 2),
+            backbone_norm="instance",
+            backbone_activation="leaky-relu",
         )
         return cls(**{**preset, **overrides})
 

@@ -137,8 +137,12 @@ class EMCapsNet(Pretrained, nn.Module):
         if config is not None and options:
             raise TypeError("pass either config= or keyword options, not both")
         self.config = cfg = config if config is not None else EMCapsNetConfig(**options)
-        em: dict[str, Any] = {"iterations": cfg.routing_iterations, "final_lambda": cfg.final_lambda,
-                              "min_var": cfg.min_var, "centre_activations": cfg.centre_activations}
+        em: dict[str, Any] = {
+            "iterations": cfg.routing_iterations,
+            "final_lambda": cfg.final_lambda,
+            "min_var": cfg.min_var,
+            "centre_activations": cfg.centre_activations,
+        }
         self.conv1 = nn.Conv2d(cfg.in_channels, cfg.conv_channels, cfg.conv_kernel, stride=2)
         self.primary = PrimaryMatrixCaps(cfg.conv_channels, cfg.primary_types)
         self.caps1 = ConvCaps(cfg.primary_types, cfg.caps1_types, kernel_size=3, stride=2, **em)

@@ -95,4 +95,3 @@ def weight_spread(weights: torch.Tensor) -> float:
     max_j |w_ij - 1/n_out|, as a fraction of 1/n_out (0: uniform; n_out - 1: one-hot)."""
     n_out = weights.shape[-1]
     return ((weights.detach().float() - 1.0 / n_out).abs().amax(dim=-1).mean() * n_out).item()
-

@@ -104,7 +104,8 @@ class Router(nn.Module):
         return (
             f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}, "
             f"iterations={self.iterations}, detach_votes={self.detach_votes}"
-            + (", leaky=True" if self.leaky else "") + (", bias=True" if self.bias is not None else "")
+            + (", leaky=True" if self.leaky else "")
+            + (", bias=True" if self.bias is not None else "")
         )
 
     def _check_input(self, u: torch.Tensor) -> None:
@@ -138,7 +139,12 @@ class Router(nn.Module):
             v, c = routing_cpu.cpu_dynamic_routing(u, self.weight, self.iterations, detach_votes=self.detach_votes)
         elif fast:
             v, c = fast_dynamic_routing(
-                u, self.weight, self.iterations, detach_votes=self.detach_votes, chunk=self.chunk, leaky=self.leaky,
+                u,
+                self.weight,
+                self.iterations,
+                detach_votes=self.detach_votes,
+                chunk=self.chunk,
+                leaky=self.leaky,
                 bias=self.bias,
             )
         else:
@@ -159,7 +165,11 @@ def route_votes(weight: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def dynamic_routing(
-    u_hat: torch.Tensor, iterations: int, *, detach_votes: bool = False, leaky: bool = False,
+    u_hat: torch.Tensor,
+    iterations: int,
+    *,
+    detach_votes: bool = False,
+    leaky: bool = False,
     bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Procedure 1 on precomputed votes û [B, in, out, out_d]. Returns v [B, out, out_d] and the final c.

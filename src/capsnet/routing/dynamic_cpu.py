@@ -69,8 +69,11 @@ def _build(verbose: bool = False) -> ModuleType:
     for name, flags in variants:
         try:
             return load_inline(
-                name=name, cpp_sources=[source], extra_cflags=[*flags, "-fopenmp", "-std=c++17"],
-                extra_ldflags=["-fopenmp"], verbose=verbose,
+                name=name,
+                cpp_sources=[source],
+                extra_cflags=[*flags, "-fopenmp", "-std=c++17"],
+                extra_ldflags=["-fopenmp"],
+                verbose=verbose,
             )
         except Exception as e:  # compiler/flag/ninja problems: try the next flags, then give up
             errors.append(f"{name}: {type(e).__name__}: {e}")
@@ -91,7 +94,9 @@ def load(verbose: bool = False, *, raise_errors: bool = False) -> ModuleType | N
                     if not raise_errors:
                         warnings.warn(
                             "capsnet: the fused CPU routing kernel could not be built; using the PyTorch-op fast "
-                            f"path instead ({str(e)[:300]})", RuntimeWarning, stacklevel=3,
+                            f"path instead ({str(e)[:300]})",
+                            RuntimeWarning,
+                            stacklevel=3,
                         )
     if _state["module"] is None and raise_errors:
         raise RuntimeError(f"capsnet: cannot build the CPU routing kernel: {_state.get('error')}")
@@ -143,16 +148,28 @@ def _routing_cpu_op(
 def _(u, weight, iterations, detach_votes):
     batch, n_in, _ = u.shape
     _, n_out, _, d_out = weight.shape
-    return (u.new_empty(batch, n_out, d_out), u.new_empty(batch, n_in, n_out),
-            u.new_empty(iterations - 1, batch, n_in, n_out), u.new_empty(batch, iterations, n_out, d_out),
-            torch.empty_like(u, memory_format=torch.contiguous_format),
-            torch.empty_like(weight, memory_format=torch.contiguous_format))
+    return (
+        u.new_empty(batch, n_out, d_out),
+        u.new_empty(batch, n_in, n_out),
+        u.new_empty(iterations - 1, batch, n_in, n_out),
+        u.new_empty(batch, iterations, n_out, d_out),
+        torch.empty_like(u, memory_format=torch.contiguous_format),
+        torch.empty_like(weight, memory_format=torch.contiguous_format),
+    )
 
 
 @torch.library.custom_op("capsnet::routing_cpu_backward", mutates_args=(), device_types="cpu")
 def _routing_cpu_backward_op(
-    grad_v: torch.Tensor | None, grad_c: torch.Tensor | None, u: torch.Tensor, weight: torch.Tensor,
-    c_all: torch.Tensor, s_all: torch.Tensor, iterations: int, detach_votes: bool, need_u: bool, need_w: bool,
+    grad_v: torch.Tensor | None,
+    grad_c: torch.Tensor | None,
+    u: torch.Tensor,
+    weight: torch.Tensor,
+    c_all: torch.Tensor,
+    s_all: torch.Tensor,
+    iterations: int,
+    detach_votes: bool,
+    need_u: bool,
+    need_w: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dL/du [B, in, in_d], dL/dW [in, out, in_d, out_d]), both contiguous; an empty tensor stands for a gradient
     that is not needed."""
@@ -165,8 +182,10 @@ def _routing_cpu_backward_op(
 @_routing_cpu_backward_op.register_fake
 def _(grad_v, grad_c, u, weight, c_all, s_all, iterations, detach_votes, need_u, need_w):
     contiguous = torch.contiguous_format
-    return (torch.empty_like(u, memory_format=contiguous) if need_u else u.new_empty(0),
-            torch.empty_like(weight, memory_format=contiguous) if need_w else weight.new_empty(0))
+    return (
+        torch.empty_like(u, memory_format=contiguous) if need_u else u.new_empty(0),
+        torch.empty_like(weight, memory_format=contiguous) if need_w else weight.new_empty(0),
+    )
 
 
 def _setup_context(ctx, inputs, output) -> None:

@@ -190,7 +190,12 @@ def default_chunk(batch: int, n_in: int, n_out: int, d_in: int, device: torch.de
 
 @torch.library.custom_op("capsnet::fast_routing", mutates_args=())
 def _fast_routing_op(
-    u: torch.Tensor, weight: torch.Tensor, iterations: int, detach_votes: bool, chunk: int, leaky: bool = False,
+    u: torch.Tensor,
+    weight: torch.Tensor,
+    iterations: int,
+    detach_votes: bool,
+    chunk: int,
+    leaky: bool = False,
     bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(v [B, out, out_d], c [B, in, out], s_all [r, out, B, out_d], c_all [r-1, out, B, in], u_t, W_k, W_flat)."""
@@ -217,17 +222,32 @@ def _fast_routing_op(
 def _(u, weight, iterations, detach_votes, chunk, leaky=False, bias=None):
     batch, n_in, d_in = u.shape
     _, n_out, _, d_out = weight.shape
-    return (u.new_empty(batch, n_out, d_out), u.new_empty(batch, n_in, n_out),
-            u.new_empty(iterations, n_out, batch, d_out), u.new_empty(iterations - 1, n_out, batch, n_in),
-            u.new_empty(batch, d_in, n_in), weight.new_empty(n_out, d_in * n_in, d_out),
-            weight.new_empty(d_in * n_in, n_out * d_out))
+    return (
+        u.new_empty(batch, n_out, d_out),
+        u.new_empty(batch, n_in, n_out),
+        u.new_empty(iterations, n_out, batch, d_out),
+        u.new_empty(iterations - 1, n_out, batch, n_in),
+        u.new_empty(batch, d_in, n_in),
+        weight.new_empty(n_out, d_in * n_in, d_out),
+        weight.new_empty(d_in * n_in, n_out * d_out),
+    )
 
 
 @torch.library.custom_op("capsnet::fast_routing_backward", mutates_args=())
 def _fast_routing_backward_op(
-    grad_v: torch.Tensor | None, grad_c: torch.Tensor | None, u_t: torch.Tensor, w_k: torch.Tensor,
-    w_flat: torch.Tensor, s_all: torch.Tensor, c_all: torch.Tensor, detach_votes: bool, chunk: int, need_u: bool,
-    need_w: bool, leaky: bool = False, need_bias: bool = False,
+    grad_v: torch.Tensor | None,
+    grad_c: torch.Tensor | None,
+    u_t: torch.Tensor,
+    w_k: torch.Tensor,
+    w_flat: torch.Tensor,
+    s_all: torch.Tensor,
+    c_all: torch.Tensor,
+    detach_votes: bool,
+    chunk: int,
+    need_u: bool,
+    need_w: bool,
+    leaky: bool = False,
+    need_bias: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dL/du [B, in, in_d], dL/dW [in, out, in_d, out_d] contiguous, as the parameter, dL/dbias [out, out_d]); an
     empty tensor stands for a gradient that is not needed."""
@@ -246,7 +266,16 @@ def _fast_routing_backward_op(
         cs = [None, *c_all[:, :, lo:hi].contiguous().unbind(0)]
         gc = grad_c[:, lo:hi] if grad_c is not None else None
         du_c, dwk, dwf, dbias = _backward_chunk(
-            u_t[lo:hi], w_k, w_flat, ss, cs, grad_v[:, lo:hi].contiguous(), gc, detach_votes, need_u, leaky,
+            u_t[lo:hi],
+            w_k,
+            w_flat,
+            ss,
+            cs,
+            grad_v[:, lo:hi].contiguous(),
+            gc,
+            detach_votes,
+            need_u,
+            leaky,
             need_bias,
         )
         if need_bias:
@@ -262,14 +291,18 @@ def _fast_routing_backward_op(
     grad_w = w_k.new_empty(0)
     if need_w:  # the two layouts summed straight into W's own (contiguous) layout: no strided gradient for DDP
         grad_w = w_k.new_empty(n_in, n_out, d_in, d_out)
-        torch.add(dw_k.view(n_out, d_out, d_in, n_in).permute(3, 0, 2, 1),
-                  dw_flat.view(d_in, n_in, n_out, d_out).permute(1, 2, 0, 3), out=grad_w)
+        torch.add(
+            dw_k.view(n_out, d_out, d_in, n_in).permute(3, 0, 2, 1),
+            dw_flat.view(d_in, n_in, n_out, d_out).permute(1, 2, 0, 3),
+            out=grad_w,
+        )
     return grad_u, grad_w, grad_bias
 
 
 @_fast_routing_backward_op.register_fake
-def _(grad_v, grad_c, u_t, w_k, w_flat, s_all, c_all, detach_votes, chunk, need_u, need_w, leaky=False,
-      need_bias=False):
+def _(
+    grad_v, grad_c, u_t, w_k, w_flat, s_all, c_all, detach_votes, chunk, need_u, need_w, leaky=False, need_bias=False
+):
     batch, d_in, n_in = u_t.shape
     n_out, _, d_out = w_k.shape
     grad_u = u_t.new_empty(batch, d_in, n_in).transpose(1, 2) if need_u else u_t.new_empty(0)
@@ -297,8 +330,15 @@ def _fast_backward(ctx, grad_v, grad_c, *_):
     grad_u, grad_w, grad_bias = _fast_routing_backward_op(
         grad_v, grad_c, u_t, w_k, w_flat, s_all, c_all, *ctx.config, need_u, need_w, ctx.leaky, need_bias
     )
-    return (grad_u if need_u else None), (grad_w if need_w else None), None, None, None, None, (
-        grad_bias if need_bias else None)
+    return (
+        (grad_u if need_u else None),
+        (grad_w if need_w else None),
+        None,
+        None,
+        None,
+        None,
+        (grad_bias if need_bias else None),
+    )
 
 
 _fast_routing_op.register_autograd(_fast_backward, setup_context=_fast_setup_context)
@@ -319,8 +359,14 @@ class FastRouting:
 
 
 def fast_dynamic_routing(
-    u: torch.Tensor, weight: torch.Tensor, iterations: int, *, detach_votes: bool = False, chunk: int | None = None,
-    leaky: bool = False, bias: torch.Tensor | None = None,
+    u: torch.Tensor,
+    weight: torch.Tensor,
+    iterations: int,
+    *,
+    detach_votes: bool = False,
+    chunk: int | None = None,
+    leaky: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Votes û_j|i = W_ij u_i and Procedure 1 in one step. u [B, in, in_d], W [in, out, in_d, out_d].
 

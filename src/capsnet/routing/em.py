@@ -66,9 +66,7 @@ def inverse_temperature(t: int, final_lambda: float = FINAL_LAMBDA) -> float:
     return final_lambda * (1.0 - 0.95 ** (t + 1))
 
 
-def child_normalizer(
-    z: torch.Tensor, child_index: torch.Tensor | None, n_children: int | None
-) -> torch.Tensor:
+def child_normalizer(z: torch.Tensor, child_index: torch.Tensor | None, n_children: int | None) -> torch.Tensor:
     """log Σ_{j ∈ parents(i)} exp(z_ij) for each slot's child i, broadcastable against z  [B, P, 1, I].
 
     z [B, P, J, I]. `child_index` [P, I] names the child in each slot (None: every slot is its own child, so the

@@ -30,8 +30,13 @@ EPS = 1e-8  # keeps the two divisions finite where every activation is 0
 
 
 def self_routing(
-    u: torch.Tensor, a: torch.Tensor, pose_weight: torch.Tensor | None, route_weight: torch.Tensor,
-    route_bias: torch.Tensor, *, matrix_pose: bool = False,
+    u: torch.Tensor,
+    a: torch.Tensor,
+    pose_weight: torch.Tensor | None,
+    route_weight: torch.Tensor,
+    route_bias: torch.Tensor,
+    *,
+    matrix_pose: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """u [N, n_in, d_in], a [N, n_in] -> (parent poses [N, n_out, d_out], activations [N, n_out], c [N, n_in, n_out]).
     Without `pose_weight` only the activations are computed (poses None)."""

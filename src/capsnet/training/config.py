@@ -25,8 +25,10 @@ class TrainConfig:
     shift: int = field(default=2, metadata={"help": "random translation of up to N pixels (paper: 2)"})
     augment: str = field(
         default="auto",
-        metadata={"help": "training augmentation: auto (the data set's default, shown by `capsnet data info`), none, "
-                  "or a comma list of shift=N, crop=H[xW], flip, brightness=D, contrast=LO:HI, standardize"},
+        metadata={
+            "help": "training augmentation: auto (the data set's default, shown by `capsnet data info`), none, "
+            "or a comma list of shift=N, crop=H[xW], flip, brightness=D, contrast=LO:HI, standardize"
+        },
     )
     image_size: str | None = field(
         default=None, metadata={"help": "image folders: convert every image to H or HxW (default: the most common)"}

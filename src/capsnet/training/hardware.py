@@ -49,8 +49,12 @@ def rank_device(device: torch.device, dist: DistInfo) -> torch.device:
         return device
     local = torch.device("cuda", dist.local_rank)
     if device.index is not None and device.index != dist.local_rank and dist.is_main:
-        print(f"capsnet: --device {device} ignored under torchrun: rank r trains on cuda:LOCAL_RANK (rank 0 on "
-              f"{local}); choose the GPUs with CUDA_VISIBLE_DEVICES", file=sys.stderr, flush=True)
+        print(
+            f"capsnet: --device {device} ignored under torchrun: rank r trains on cuda:LOCAL_RANK (rank 0 on "
+            f"{local}); choose the GPUs with CUDA_VISIBLE_DEVICES",
+            file=sys.stderr,
+            flush=True,
+        )
     return local
 
 
@@ -88,5 +92,7 @@ def precision_note(device: torch.device, precision: str) -> str | None:
     if precision != "bf16" or bf16_native(device):
         return None
     what = {"cuda": "this GPU", "cpu": "this CPU (no AVX512_BF16 or AMX)"}.get(device.type, str(device))
-    return (f"capsnet: --precision bf16 is emulated on {what} and may run many times slower than fp32; "
-            "--precision fp32 is the faster choice here")
+    return (
+        f"capsnet: --precision bf16 is emulated on {what} and may run many times slower than fp32; "
+        "--precision fp32 is the faster choice here"
+    )

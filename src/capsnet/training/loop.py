@@ -129,8 +129,11 @@ def build(config: TrainConfig, model_config, device: torch.device, dist, task: T
     if config.batch_size is None:  # the device's documented default (capsnet.training.hardware)
         config = dataclasses.replace(config, batch_size=default_batch_size(device))
         if dist.is_main:
-            print(f"batch size {config.batch_size} per process, lr {config.learning_rate:g} (the {device.type} "
-                  "defaults; set --batch-size and --lr to change)", flush=True)
+            print(
+                f"batch size {config.batch_size} per process, lr {config.learning_rate:g} (the {device.type} "
+                "defaults; set --batch-size and --lr to change)",
+                flush=True,
+            )
     note = precision_note(device, config.precision)
     if note and dist.is_main:
         print(note, file=sys.stderr, flush=True)
@@ -163,8 +166,9 @@ def build(config: TrainConfig, model_config, device: torch.device, dist, task: T
         trained = torch.nn.parallel.DistributedDataParallel(trained, device_ids=ids)
     if config.compile:
         trained = cast(torch.nn.Module, torch.compile(trained))
-    return Run(config, model_config, device, dist, task, model, trained, optimizer, scheduler, augment_rng, run_dir,
-               saved)
+    return Run(
+        config, model_config, device, dist, task, model, trained, optimizer, scheduler, augment_rng, run_dir, saved
+    )
 
 
 def _match_grad_strides(model: torch.nn.Module) -> None:
@@ -239,8 +243,12 @@ def restore(run: Run) -> RunState:
             group["lr"] = base_lr * run.scheduler.gamma ** saved["epoch"]
     set_rng_states(saved["rng"], run.device, run.augment_rng, run.dist)
     return RunState(
-        EpochSums.from_list(list(saved["running"]), run.device), saved["epoch"], saved["batch_in_epoch"],
-        saved["step"], saved["best_test_acc"], list(saved["history"]),
+        EpochSums.from_list(list(saved["running"]), run.device),
+        saved["epoch"],
+        saved["batch_in_epoch"],
+        saved["step"],
+        saved["best_test_acc"],
+        list(saved["history"]),
     )
 
 
@@ -251,13 +259,22 @@ def save_checkpoint(run: Run, state: RunState, *, epoch_done: bool) -> None:
     if not run.dist.is_main:
         return
     run.model.save_pretrained(run.dir / "last")
-    save_state(run.dir, {
-        "model": run.model.state_dict(), "model_config": to_dict(run.model_config),
-        "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
-        "epoch": state.epoch + (1 if epoch_done else 0), "batch_in_epoch": 0 if epoch_done else state.batch_in_epoch,
-        "step": state.step, "best_test_acc": state.best_acc, "history": state.history, "running": running,
-        "rng": rng,
-    })
+    save_state(
+        run.dir,
+        {
+            "model": run.model.state_dict(),
+            "model_config": to_dict(run.model_config),
+            "optimizer": run.optimizer.state_dict(),
+            "scheduler": run.scheduler.state_dict(),
+            "epoch": state.epoch + (1 if epoch_done else 0),
+            "batch_in_epoch": 0 if epoch_done else state.batch_in_epoch,
+            "step": state.step,
+            "best_test_acc": state.best_acc,
+            "history": state.history,
+            "running": running,
+            "rng": rng,
+        },
+    )
     write_summary(run.dir, state.history)
 
 
@@ -287,8 +304,14 @@ def train_epoch(run: Run, state: RunState, log: _Logger, signals: _StopFlag, on_
     assert config.batch_size is not None  # resolved in build()
     n_batches = run.task.num_batches(batch_size=config.batch_size, world_size=dist.world_size)
     batches = run.task.batches(
-        epoch=state.epoch, batch_size=config.batch_size, seed=config.seed, rank=dist.rank,
-        world_size=dist.world_size, device=run.device, generator=run.augment_rng, start=state.batch_in_epoch,
+        epoch=state.epoch,
+        batch_size=config.batch_size,
+        seed=config.seed,
+        rank=dist.rank,
+        world_size=dist.world_size,
+        device=run.device,
+        generator=run.augment_rng,
+        start=state.batch_in_epoch,
     )
     bar = log.bar(state.epoch, n_batches, state.batch_in_epoch)
     t0, seconds0 = time.perf_counter(), state.sums.seconds  # wall time includes making the batches
@@ -322,9 +345,14 @@ def evaluate_epoch(run: Run, state: RunState) -> dict[str, float]:
     run.scheduler.step()
     test = run.task.evaluate(run.model, batch_size=run.config.eval_batch_size, device=run.device, dist=run.dist)
     row = {
-        "epoch": state.epoch + 1, "train_loss": loss_sum / count, "train_acc": correct / count,
-        "test_loss": test["loss"], "test_acc": test["accuracy"], "lr": lr,
-        "images_per_s": count / max(seconds, 1e-9), "seconds": seconds,
+        "epoch": state.epoch + 1,
+        "train_loss": loss_sum / count,
+        "train_acc": correct / count,
+        "test_loss": test["loss"],
+        "test_acc": test["accuracy"],
+        "lr": lr,
+        "images_per_s": count / max(seconds, 1e-9),
+        "seconds": seconds,
     }
     state.history.append(row)
     if row["test_acc"] > state.best_acc and run.dist.is_main:

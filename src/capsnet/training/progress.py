@@ -77,8 +77,15 @@ class _Logger:
             return None
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, initial=done, desc=f"epoch {epoch + 1}/{self.config.epochs}", leave=False,
-                    dynamic_ncols=True, file=sys.stderr, mininterval=PROGRESS_EVERY_S)
+        return tqdm(
+            total=total,
+            initial=done,
+            desc=f"epoch {epoch + 1}/{self.config.epochs}",
+            leave=False,
+            dynamic_ncols=True,
+            file=sys.stderr,
+            mininterval=PROGRESS_EVERY_S,
+        )
 
     def step(self, bar, step: int, loss: torch.Tensor, sums: EpochSums) -> None:
         if self.writer is not None and step % 10 == 0:
@@ -92,8 +99,12 @@ class _Logger:
         self._flush()
         if bar is not None:
             loss_sum, correct, count, seconds = sums.to_list()
-            bar.set_postfix(loss=f"{loss_sum / count:.4f}", acc=f"{correct / count:.4f}",
-                            img_s=f"{count / max(seconds, 1e-9):.0f}", refresh=False)
+            bar.set_postfix(
+                loss=f"{loss_sum / count:.4f}",
+                acc=f"{correct / count:.4f}",
+                img_s=f"{count / max(seconds, 1e-9):.0f}",
+                refresh=False,
+            )
 
     def _flush(self) -> None:
         """Write the pending step losses to TensorBoard (one device read for all of them)."""
@@ -127,5 +138,8 @@ class _Logger:
             self.writer.close()
         if self.enabled and interrupted:
             why = signal.Signals(signum).name if signum else "stop requested"
-            print(f"{why}: checkpoint saved at epoch {epoch + 1}, batch {batch}; continue with --resume",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{why}: checkpoint saved at epoch {epoch + 1}, batch {batch}; continue with --resume",
+                file=sys.stderr,
+                flush=True,
+            )

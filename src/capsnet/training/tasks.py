@@ -54,8 +54,16 @@ class Task:
         raise NotImplementedError
 
     def batches(
-        self, *, epoch: int, batch_size: int, seed: int, rank: int, world_size: int, device: torch.device,
-        generator: torch.Generator, start: int = 0,
+        self,
+        *,
+        epoch: int,
+        batch_size: int,
+        seed: int,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        generator: torch.Generator,
+        start: int = 0,
     ) -> Iterator[Batch]:
         """The batches `start`, ..., num_batches(...) - 1 of `epoch`; deterministic given (seed, epoch, rank) and
         the state of `generator`, which a resumed run restores (so skipped batches must not draw from it)."""
@@ -88,8 +96,16 @@ class ClassificationTask(Task):
     name = "classification"
 
     def __init__(
-        self, *, train: Split, test: Split, n_classes: int = 10, shift: int = 2, source: str = "data",
-        augment: AugmentSpec | None = None, class_names: tuple[str, ...] = (), digits: bool = True,
+        self,
+        *,
+        train: Split,
+        test: Split,
+        n_classes: int = 10,
+        shift: int = 2,
+        source: str = "data",
+        augment: AugmentSpec | None = None,
+        class_names: tuple[str, ...] = (),
+        digits: bool = True,
     ):
         _, channels, height, width = train.images.shape
         self.train, self.test, self.shift = train, test, shift
@@ -106,8 +122,12 @@ class ClassificationTask(Task):
     def from_config(cls, config) -> ClassificationTask:
         """Build from a TrainConfig's dataset, data_dir, train_subset, test_subset and shift."""
         # Image folders' options (a single folder's held-out split uses a fixed seed, the same for every run).
-        names = {"image_size": "image_size", "channels": "image_channels", "val_fraction": "val_fraction",
-                 "strict": "strict"}
+        names = {
+            "image_size": "image_size",
+            "channels": "image_channels",
+            "val_fraction": "val_fraction",
+            "strict": "strict",
+        }
         options = {key: getattr(config, attr, None) for key, attr in names.items()}
         data = load_dataset(config.dataset, data_dir=config.data_dir, **{k: v for k, v in options.items() if v})
         if data.train is None:
@@ -116,16 +136,26 @@ class ClassificationTask(Task):
         if spec.flip and data.digits:
             raise DatasetError(f"{data.source}: a digit set; flipping digits changes their class (drop 'flip')")
         return cls(
-            train=subset(data.train, config.train_subset), test=subset(data.test, config.test_subset),
-            n_classes=data.n_classes, shift=config.shift, source=data.source, augment=spec,
-            class_names=data.class_names, digits=data.digits,
+            train=subset(data.train, config.train_subset),
+            test=subset(data.test, config.test_subset),
+            n_classes=data.n_classes,
+            shift=config.shift,
+            source=data.source,
+            augment=spec,
+            class_names=data.class_names,
+            digits=data.digits,
         )
 
     def model_fields(self) -> dict:
         """The data fields of the model's config: input size (after the crop), channels, classes, and what the
         model records of the data (standardization, class names, digit set, size before cropping)."""
-        return {**super().model_fields(), "standardize": self.spec.standardize, "class_names": self.class_names,
-                "digits": self.digits, "source_size": self.source_size}
+        return {
+            **super().model_fields(),
+            "standardize": self.spec.standardize,
+            "class_names": self.class_names,
+            "digits": self.digits,
+            "source_size": self.source_size,
+        }
 
     def num_batches(self, *, batch_size: int, world_size: int) -> int:
         return num_batches(len(self.train), batch_size=batch_size, world_size=world_size)
@@ -233,8 +263,13 @@ def evaluate_batches(model, batches, *, score, device: torch.device, dist: dist_
         for batch in batches:
             loss, n_correct = score(model, batch)
             n = batch.images.shape[0]
-            sums += torch.stack([loss.detach().double() * n, torch.as_tensor(n_correct, device=device).double(),
-                                 torch.tensor(float(n), dtype=torch.float64, device=device)])
+            sums += torch.stack(
+                [
+                    loss.detach().double() * n,
+                    torch.as_tensor(n_correct, device=device).double(),
+                    torch.tensor(float(n), dtype=torch.float64, device=device),
+                ]
+            )
     model.train(was_training)
     loss_sum, correct, count = dist_utils.all_sum_tensor(sums, dist).tolist()
     return {"accuracy": correct / max(count, 1), "loss": loss_sum / max(count, 1), "n": int(count)}

@@ -90,8 +90,12 @@ def plot_reconstructions(
         _gray(bottom, recon[k])
         wrong = int(pred[k]) != int(labels[k])
         color = WRONG if wrong else "black"
-        top.set_title(f"pred {int(pred[k])}\ntrue {int(labels[k])}", fontsize=10, color=color,
-                      fontweight="bold" if wrong else "normal")
+        top.set_title(
+            f"pred {int(pred[k])}\ntrue {int(labels[k])}",
+            fontsize=10,
+            color=color,
+            fontweight="bold" if wrong else "normal",
+        )
         if wrong:
             _frame(top, WRONG, 2.0)
             _frame(bottom, WRONG, 2.0)
@@ -99,8 +103,9 @@ def plot_reconstructions(
             top.set_ylabel("input", fontsize=10)
             bottom.set_ylabel("reconstruction", fontsize=10)
     n_wrong = int((pred != labels.cpu()).sum())
-    fig.suptitle(f"Reconstructions from the predicted capsule ({n - n_wrong}/{n} predicted correctly; "
-                 f"wrong in red)", fontsize=11)
+    fig.suptitle(
+        f"Reconstructions from the predicted capsule ({n - n_wrong}/{n} predicted correctly; wrong in red)", fontsize=11
+    )
     return _save(fig, out)
 
 
@@ -231,8 +236,7 @@ def plot_confusion(confusion, out: str | os.PathLike, *, title: str | None = Non
         for j in range(k):
             v = int(cm[i, j])
             if v or i == j:
-                ax.text(j, i, str(v), ha="center", va="center", fontsize=size,
-                        color="white" if v > thresh else "black")
+                ax.text(j, i, str(v), ha="center", va="center", fontsize=size, color="white" if v > thresh else "black")
     ax.set_xticks(range(k))
     ax.set_yticks(range(k))
     ax.set_xlabel("predicted label")
@@ -292,7 +296,9 @@ def visualize(
         except CheckpointError as e:
             log(f"note: skipped curves.png: {e}")
     cm = confusion_matrix(model, data.test, limit=limit)
-    title = f"Confusion matrix, {data.name} test split ({int(cm.sum())} images, accuracy " \
-            f"{float(cm.diagonal().sum()) / max(1, int(cm.sum())):.2%})"
+    title = (
+        f"Confusion matrix, {data.name} test split ({int(cm.sum())} images, accuracy "
+        f"{float(cm.diagonal().sum()) / max(1, int(cm.sum())):.2%})"
+    )
     written["confusion"] = plot_confusion(cm, out_dir / "confusion.png", title=title)
     return written

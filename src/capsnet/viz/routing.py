@@ -45,8 +45,11 @@ def plot_routing(model, image: torch.Tensor, label: int | None, out: str | os.Pa
     ax_img = fig.add_subplot(gs[:, 0])
     _gray(ax_img, to_float(image.cpu()))
     truth = "" if label is None else f"true {int(label)}, "
-    ax_img.set_title(f"input\n({truth}predicted {pred})", fontsize=10,
-                     color=WRONG if label is not None and int(label) != pred else "black")
+    ax_img.set_title(
+        f"input\n({truth}predicted {pred})",
+        fontsize=10,
+        color=WRONG if label is not None and int(label) != pred else "black",
+    )
     vmin, vmax = float(maps.min()), float(maps.max())
     if vmax - vmin < 1e-6:
         vmin, vmax = vmin - 1e-3, vmax + 1e-3
@@ -57,8 +60,12 @@ def plot_routing(model, image: torch.Tensor, label: int | None, out: str | os.Pa
         ax.set_xticks([])
         ax.set_yticks([])
         is_pred = j == pred
-        ax.set_title(f"{'▶ ' if is_pred else ''}digit {j}\n|v|={float(lengths[j]):.2f}", fontsize=9,
-                     color=HIGHLIGHT if is_pred else "black", fontweight="bold" if is_pred else "normal")
+        ax.set_title(
+            f"{'▶ ' if is_pred else ''}digit {j}\n|v|={float(lengths[j]):.2f}",
+            fontsize=9,
+            color=HIGHLIGHT if is_pred else "black",
+            fontweight="bold" if is_pred else "normal",
+        )
         if is_pred:
             _frame(ax, HIGHLIGHT, 3.5)
     cax = fig.add_subplot(gs[:, -1])
@@ -70,8 +77,11 @@ def plot_routing(model, image: torch.Tensor, label: int | None, out: str | os.Pa
     cb.ax.tick_params(labelsize=8)
     method = routing_method(model)
     when = f"after {cfg.routing_iterations} iterations" if method in ("dynamic", "inverted-attention") else "one pass"
-    fig.suptitle(f"Routing ({method}): weights of the {cfg.primary_grid}×{cfg.primary_grid} primary capsule "
-                 f"locations to each digit capsule ({when})", fontsize=11)
+    fig.suptitle(
+        f"Routing ({method}): weights of the {cfg.primary_grid}×{cfg.primary_grid} primary capsule "
+        f"locations to each digit capsule ({when})",
+        fontsize=11,
+    )
     return _save(fig, out)
 
 
@@ -87,8 +97,11 @@ def plot_routing_weights(model, image: torch.Tensor, label: int | None, out: str
     ax_img, ax_w, ax_mean = fig.subplots(1, 3, width_ratios=[1.0, 2.2, 1.6])
     _gray(ax_img, to_float(image.cpu()))
     truth = "" if label is None else f"true {int(label)}, "
-    ax_img.set_title(f"input\n({truth}predicted {pred})", fontsize=10,
-                     color=WRONG if label is not None and int(label) != pred else "black")
+    ax_img.set_title(
+        f"input\n({truth}predicted {pred})",
+        fontsize=10,
+        color=WRONG if label is not None and int(label) != pred else "black",
+    )
     im = ax_w.imshow(w.numpy(), cmap="viridis", aspect="auto", interpolation="nearest")
     ax_w.set_xlabel("class capsule j")
     ax_w.set_ylabel(f"input capsule i ({n_in})")
@@ -105,8 +118,11 @@ def plot_routing_weights(model, image: torch.Tensor, label: int | None, out: str
         ax_mean.annotate(f"{value:.2f}", (j, float(mean[j])), ha="center", va="bottom", fontsize=7)
     ax_mean.legend(fontsize=8)
     spread = float((w - 1.0 / n_out).abs().amax(dim=1).mean() * n_out)
-    fig.suptitle(f"Routing ({routing_method(model)}, {type(model).__name__}): weights of the {n_in} input capsules "
-                 f"to the {n_out} class capsules; mean max |w − 1/n| = {spread:.2f} × 1/n", fontsize=11)
+    fig.suptitle(
+        f"Routing ({routing_method(model)}, {type(model).__name__}): weights of the {n_in} input capsules "
+        f"to the {n_out} class capsules; mean max |w − 1/n| = {spread:.2f} × 1/n",
+        fontsize=11,
+    )
     return _save(fig, out)
 
 
