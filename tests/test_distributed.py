@@ -90,7 +90,10 @@ info = distributed.setup(torch.device("cpu"))
 test = load_dataset("mnist-sample").test
 n = int(sys.argv[2])
 r = evaluate(load_pretrained(sys.argv[1]), Split(test.images[:n], test.labels[:n]), batch_size=16, dist=info)
-print(json.dumps({"rank": info.rank, "world": info.world_size, "n": r["n"], "accuracy": r["accuracy"]}))
+result = {"rank": info.rank, "world": info.world_size, "n": r["n"], "accuracy": r["accuracy"]}
+# One file per rank: the ranks share stdout, where their lines can interleave.
+with open(f"{sys.argv[3]}/rank{info.rank}.json", "w") as f:
+    json.dump(result, f)
 distributed.teardown(info)
 """
 
@@ -110,11 +113,11 @@ def test_evaluate_under_torchrun_counts_every_image_once(tmp_path):
         str(script),
         str(tmp_path / "model"),
         str(N_TEST),
+        str(tmp_path),
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
     assert r.returncode == 0, f"stdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-6000:]}"
-    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-    results = sorted(lines, key=lambda d: d["rank"])
+    results = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(2)]
     assert [(d["rank"], d["world"]) for d in results] == [(0, 2), (1, 2)]
     test = load_dataset("mnist-sample").test
     single = evaluate(CapsNet.from_pretrained(tmp_path / "model"), Split(test.images[:N_TEST], test.labels[:N_TEST]))

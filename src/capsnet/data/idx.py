@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import gzip
 import math
 import os
-import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..errors import DatasetError
+from .arrays import read_bytes
 from .download import FILE_NAMES
 from .split import Dataset, Split
 
@@ -22,17 +21,7 @@ _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
     """Decode an IDX file (raw or gzipped) into an array, checking every part of its structure."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: no such file") from None
-    except OSError as e:
-        raise DatasetError(f"{path}: cannot read ({e.strerror or e})") from None
-    if raw[:2] == b"\x1f\x8b":  # gzip magic: decide by content, not by the file name
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as e:
-            raise DatasetError(f"{path}: corrupt or truncated gzip data ({e})") from None
+    raw = read_bytes(path)  # gunzipped if gzip (by content, not by the file name)
     if len(raw) < 4:
         raise DatasetError(f"{path}: too short to be an IDX file ({len(raw)} bytes)")
     if raw[0] != 0 or raw[1] != 0:

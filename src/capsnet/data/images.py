@@ -10,14 +10,10 @@ from ..errors import CapsNetError, DatasetError
 from .split import to_float
 
 
-def load_image(path: str | Path, *, size: int = 28, channels: int = 1) -> torch.Tensor:
-    """Read an image into the model's input [C, size, size] in [0, 1], MNIST-style.
-
-    Light-background images (dark ink on white paper) are inverted to MNIST's white-on-black; the content is
-    scaled to fit a box of 20/28 of the side, keeping its aspect ratio, and centred, as MNIST's digits are.
-    """
+def _open_image(path: str | Path, channels: int):
+    """The image at `path` as a Pillow image in mode L (channels 1) or RGB; DatasetError if it is not readable."""
     try:
-        from PIL import Image, ImageOps, UnidentifiedImageError
+        from PIL import Image, UnidentifiedImageError
     except ImportError:
         raise CapsNetError("capsnet predict needs Pillow: pip install 'capsnet[images]'") from None
     path = Path(path)
@@ -26,9 +22,26 @@ def load_image(path: str | Path, *, size: int = 28, channels: int = 1) -> torch.
     try:
         with Image.open(path) as im:
             im.load()
-            img = im.convert("L" if channels == 1 else "RGB")
+            return im.convert("L" if channels == 1 else "RGB")
     except (UnidentifiedImageError, OSError) as e:
-        raise DatasetError(f"{path}: not a readable PNG or JPEG image ({e})") from None
+        raise DatasetError(f"{path}: not a readable image ({e})") from None
+
+
+def _to_tensor(img, height: int, width: int, channels: int) -> torch.Tensor:
+    """A Pillow image of `height` × `width` into [C, H, W] in [0, 1]."""
+    x = to_float(torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8))
+    return x.view(height, width, channels).permute(2, 0, 1).contiguous()
+
+
+def load_image(path: str | Path, *, size: int = 28, channels: int = 1) -> torch.Tensor:
+    """Read an image into the model's input [C, size, size] in [0, 1], MNIST-style.
+
+    Light-background images (dark ink on white paper) are inverted to MNIST's white-on-black; the content is
+    scaled to fit a box of 20/28 of the side, keeping its aspect ratio, and centred, as MNIST's digits are.
+    """
+    from PIL import Image, ImageOps
+
+    img = _open_image(path, channels)
     gray = img if img.mode == "L" else img.convert("L")
     w, h = gray.size
     border = [gray.getpixel((x, y)) for x in range(w) for y in (0, h - 1)]
@@ -40,27 +53,15 @@ def load_image(path: str | Path, *, size: int = 28, channels: int = 1) -> torch.
     img = img.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.Resampling.LANCZOS)
     canvas = Image.new(img.mode, (size, size))
     canvas.paste(img, ((size - img.size[0]) // 2, (size - img.size[1]) // 2))
-    x = to_float(torch.frombuffer(bytearray(canvas.tobytes()), dtype=torch.uint8))
-    return x.view(size, size, channels).permute(2, 0, 1).contiguous()
+    return _to_tensor(canvas, size, size, channels)
 
 
 def load_image_resized(path: str | Path, *, size: tuple[int, int], channels: int) -> torch.Tensor:
     """Read an image into [C, H, W] in [0, 1] as the image-folder reader converts training images: mode to L or
     RGB, resized (bilinear) to `size` (H, W). No inversion or boxing (that is :func:`load_image`, for digits)."""
-    try:
-        from PIL import Image, UnidentifiedImageError
-    except ImportError:
-        raise CapsNetError("capsnet predict needs Pillow: pip install 'capsnet[images]'") from None
-    path = Path(path)
-    if not path.is_file():
-        raise DatasetError(f"{path}: no such image file")
-    try:
-        with Image.open(path) as im:
-            im.load()
-            img = im.convert("L" if channels == 1 else "RGB")
-    except (UnidentifiedImageError, OSError) as e:
-        raise DatasetError(f"{path}: not a readable image ({e})") from None
+    from PIL import Image
+
+    img = _open_image(path, channels)
     if img.size != (size[1], size[0]):
         img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-    x = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).float().div_(255.0)
-    return x.view(size[0], size[1], channels).permute(2, 0, 1).contiguous()
+    return _to_tensor(img, size[0], size[1], channels)
