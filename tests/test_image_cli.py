@@ -190,6 +190,28 @@ def test_data_check_covers_every_source(tmp_path, capsys):
     assert "npz: train 40, test 20" in capsys.readouterr().out
 
 
+def test_data_check_gives_each_class_folder_a_checksum_that_follows_its_files(tmp_path, capsys):
+    pytest.importorskip("PIL")
+    root = standins.write_image_folder(tmp_path / "imgs", per_class=2)
+
+    def digests() -> dict[str, str]:
+        assert cli.main(["data", "check", str(root)]) == 0
+        lines = [line.split() for line in capsys.readouterr().out.splitlines() if ", md5 " in line]
+        return {words[1]: words[-1] for words in lines if words[1].endswith("/") and words[1].count("/") == 2}
+
+    before = digests()
+    assert sorted(before) == [f"{part}/{c}/" for part in ("test", "train") for c in ("cat", "dog", "fox")]
+    assert len(set(before.values())) == len(before)  # different images, different checksums
+    assert digests() == before  # stable
+    image = sorted((root / "train" / "dog").iterdir())[0]
+    image.write_bytes(image.read_bytes() + b"\0")  # one byte more in one file
+    after = digests()
+    assert after["train/dog/"] != before["train/dog/"]
+    assert {k: v for k, v in after.items() if k != "train/dog/"} == {
+        k: v for k, v in before.items() if k != "train/dog/"
+    }
+
+
 def test_visualize_a_cropping_stereo_model_prints_class_names(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     from capsnet.data.smallnorb import CLASS_NAMES

@@ -3,6 +3,7 @@ folders. Used by :mod:`capsnet.cli.data`."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,15 @@ def files_of(path: Path, fmt: str) -> list[Path]:
     return []
 
 
+def folder_digest(files: list[Path], root: Path) -> str:
+    """One MD5 for a class folder: over the sorted lines "relative path, file MD5", so it changes when any file is
+    added, removed, renamed or edited."""
+    h = hashlib.md5()
+    for f in sorted(files):
+        h.update(f"{f.relative_to(root).as_posix()} {md5_file(f)}\n".encode())
+    return h.hexdigest()
+
+
 def check_source(name: str, path: Path, fmt: str, *, strict: bool) -> bool:
     """Print an OK/FAIL line per file (size, MD5 and whether it is a published one) and one for the content
     (read by the format's reader, which checks its structure). Returns whether all is well."""
@@ -50,8 +60,12 @@ def check_source(name: str, path: Path, fmt: str, *, strict: bool) -> bool:
         train, test = folder.split_dirs(path)
         for part in (train, test):
             if part is not None:
-                counts = {d.name: len(folder._images_in(d)) for d in folder._class_dirs(part)}
-                print(f"OK    {part.name}/  {sum(counts.values())} image files in {len(counts)} class folders")
+                class_dirs = folder._class_dirs(part)
+                n_files = sum(len(folder._images_in(d)) for d in class_dirs)
+                print(f"OK    {part.name}/  {n_files} image files in {len(class_dirs)} class folders")
+                for d in class_dirs:
+                    images = folder._images_in(d)
+                    print(f"OK    {part.name}/{d.name}/  {len(images)} image files, md5 {folder_digest(images, d)}")
     for f in files_of(path, fmt):
         digest = md5_file(f)
         known = known_md5s(f.name)
