@@ -123,9 +123,7 @@ class BaselineCNN(Pretrained, nn.Module):
 
     def __init__(self, *, config: BaselineConfig | None = None, **options):
         super().__init__()
-        if config is not None and options:
-            raise TypeError("pass either config= or keyword options, not both")
-        self.config = cfg = config if config is not None else BaselineConfig(**options)
+        self.config = cfg = self.make_config(config, options)
         pad = cfg.kernel_size // 2 if cfg.padding == "same" else 0
         layers: list[nn.Module] = []
         for a, b in itertools.pairwise([cfg.in_channels, *cfg.channels]):

@@ -184,9 +184,7 @@ class CapsNet(Pretrained, nn.Module):
 
     def __init__(self, *, config: CapsNetConfig | None = None, **options):
         super().__init__()
-        if config is not None and options:
-            raise TypeError("pass either config= or keyword options, not both")
-        self.config = cfg = config if config is not None else CapsNetConfig(**options)
+        self.config = cfg = self.make_config(config, options)
         pad = cfg.kernel_size // 2 if cfg.padding == "same" else 0
         self.conv1 = nn.Conv2d(cfg.in_channels, cfg.conv_channels, cfg.kernel_size, stride=cfg.conv1_stride,
                                padding=pad)  # fmt: skip

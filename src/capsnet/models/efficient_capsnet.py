@@ -140,9 +140,7 @@ class EfficientCapsNet(Pretrained, nn.Module):
 
     def __init__(self, *, config: EfficientCapsNetConfig | None = None, **options):
         super().__init__()
-        if config is not None and options:
-            raise TypeError("pass either config= or keyword options, not both")
-        self.config = cfg = config if config is not None else EfficientCapsNetConfig(**options)
+        self.config = cfg = self.make_config(config, options)
         layers: list[nn.Module] = []
         channels = (cfg.in_channels, *cfg.backbone_channels)
         for c_in, c_out, k, s in zip(channels, channels[1:], cfg.backbone_kernels, cfg.backbone_strides, strict=False):

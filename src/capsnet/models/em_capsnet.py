@@ -134,9 +134,7 @@ class EMCapsNet(Pretrained, nn.Module):
 
     def __init__(self, *, config: EMCapsNetConfig | None = None, **options):
         super().__init__()
-        if config is not None and options:
-            raise TypeError("pass either config= or keyword options, not both")
-        self.config = cfg = config if config is not None else EMCapsNetConfig(**options)
+        self.config = cfg = self.make_config(config, options)
         em: dict[str, Any] = {
             "iterations": cfg.routing_iterations,
             "final_lambda": cfg.final_lambda,

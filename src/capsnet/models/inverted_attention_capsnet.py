@@ -90,9 +90,7 @@ class InvertedAttentionCapsNet(Pretrained, nn.Module):
 
     def __init__(self, *, config: InvertedAttentionCapsNetConfig | None = None, **options):
         super().__init__()
-        if config is not None and options:
-            raise TypeError("pass either config= or keyword options, not both")
-        self.config = cfg = config if config is not None else InvertedAttentionCapsNetConfig(**options)
+        self.config = cfg = self.make_config(config, options)
         self.backbone = nn.Conv2d(cfg.in_channels, cfg.stem_channels, 3, stride=2, padding=1)
         self.primary = nn.Conv2d(cfg.stem_channels, cfg.primary_types * cfg.pose_dim, 1, bias=False)
         self.primary_norm = nn.LayerNorm(cfg.pose_dim)

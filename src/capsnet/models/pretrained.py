@@ -43,6 +43,13 @@ class Pretrained(_ModuleBase):
         if "model_type" in cls.__dict__:
             _REGISTRY[cls.model_type] = cls
 
+    @classmethod
+    def make_config(cls, config: Any = None, options: dict[str, Any] | None = None) -> Any:
+        """The model's config: `config` as given, or `config_class(**options)`; both at once is a TypeError."""
+        if config is not None and options:
+            raise TypeError("pass either config= or keyword options, not both")
+        return config if config is not None else cls.config_class(**(options or {}))
+
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write `config.json` and `model.safetensors` into `directory`, each atomically."""
         directory = Path(directory)

@@ -104,9 +104,7 @@ class SelfRoutingCapsNet(Pretrained, nn.Module):
 
     def __init__(self, *, config: SelfRoutingCapsNetConfig | None = None, **options):
         super().__init__()
-        if config is not None and options:
-            raise TypeError("pass either config= or keyword options, not both")
-        self.config = cfg = config if config is not None else SelfRoutingCapsNetConfig(**options)
+        self.config = cfg = self.make_config(config, options)
         w = cfg.resnet_widths
         layers: list[nn.Module] = [nn.Conv2d(cfg.in_channels, w[0], 3, padding=1, bias=False), nn.BatchNorm2d(w[0]),
                                    nn.ReLU(inplace=True)]  # fmt: skip
