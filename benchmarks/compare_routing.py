@@ -69,10 +69,11 @@ def set_iterations(model, r: int) -> bool:
 
 @torch.no_grad()
 def measure(model, test: Split, batch: int = 100) -> dict:
-    """Accuracy and mean routing-weight spread over `test` (images uint8 or float)."""
+    """Accuracy and mean routing-weight spread over `test` (images uint8 or float), on the model's device."""
     correct, spread, n = 0, None, 0
+    device = next(model.parameters()).device
     for i in range(0, len(test), batch):
-        x, y = to_float(test.images[i : i + batch]), test.labels[i : i + batch]
+        x, y = to_float(test.images[i : i + batch]).to(device), test.labels[i : i + batch].to(device)
         out = model(x, return_coupling=True)
         correct += int((out.predictions == y).sum())
         if out.coupling is not None:
@@ -82,6 +83,7 @@ def measure(model, test: Split, batch: int = 100) -> dict:
 
 
 def run_one(args: argparse.Namespace, name: str) -> dict:
+    from capsnet.training.hardware import resolve_device
     from capsnet.training.loop import TrainConfig, train
 
     model_name, overrides = entries()[name]
@@ -91,7 +93,7 @@ def run_one(args: argparse.Namespace, name: str) -> dict:
                          tensorboard=False, seed=args.seed, resume=(out / "state.pt").is_file())  # fmt: skip
     model_config = MODELS[model_name].config_class(**overrides) if overrides else None
     result = train(config, model_config)
-    model = load_pretrained(out / "best").eval()
+    model = load_pretrained(out / "best").to(resolve_device(args.device)).eval()
     data = load_dataset(args.dataset)
     test = data.test if args.test_subset is None else Split(data.test.images[: args.test_subset],
                                                             data.test.labels[: args.test_subset])  # fmt: skip

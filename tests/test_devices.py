@@ -121,12 +121,23 @@ def test_model_forward_backward_matches_cpu_float64(device, model_class):
     grads64 = torch.autograd.grad(loss64, list(reference.parameters()))
     moved = model.float().to(device)
     xd, yd = x.to(device), y.to(device)
-    loss, parts = moved.loss(moved(xd, yd), xd, yd)
-    grads = torch.autograd.grad(loss, list(moved.parameters()))
-    assert parts["total"].device.type == device
-    assert abs(loss.item() - loss64.item()) <= 1e-4 * max(1.0, abs(loss64.item()))
-    for g, g64 in zip(grads, grads64, strict=True):
-        assert (g.cpu().double() - g64).abs().max().item() <= 1e-3 * max(1e-3, g64.abs().max().item())
+
+    def check(tolerance: float) -> None:
+        loss, parts = moved.loss(moved(xd, yd), xd, yd)
+        grads = torch.autograd.grad(loss, list(moved.parameters()))
+        assert parts["total"].device.type == device
+        assert abs(loss.item() - loss64.item()) <= 1e-4 * max(1.0, abs(loss64.item()))
+        for g, g64 in zip(grads, grads64, strict=True):
+            assert (g.cpu().double() - g64).abs().max().item() <= tolerance * max(1e-3, g64.abs().max().item())
+
+    # Our code held to float32 accuracy: convolutions without cuDNN (im2col + a float32 GEMM; CPU float32 is within
+    # 3e-6 of float64 here). With cuDNN (TF32 off), its heuristically chosen algorithms gave the baseline's first
+    # convolution's weight gradient a 1.6e-3 error on an H200 (docs/benchmarks.md): a looser bound for that path.
+    with torch.backends.cudnn.flags(enabled=False):
+        check(1e-3)
+    if device == "cuda":
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            check(1e-2)
 
 
 @pytest.mark.parametrize("device", DEVICES)
