@@ -1,5 +1,9 @@
 """Shared test settings: a small CapsNet so that training tests run in seconds on 2 cores."""
 
+import os
+import subprocess
+import sys
+
 import torch
 
 from capsnet import CapsNetConfig, Router, squash
@@ -38,3 +42,14 @@ def check_bf16_autocast_routes_in_fp32() -> None:
     v.sum().backward()
     assert u_bf16.grad.dtype == torch.bfloat16 and torch.isfinite(u_bf16.grad).all()
     assert router.weight.grad.dtype == torch.float32 and torch.isfinite(router.weight.grad).all()
+
+
+def run_without_extensions(code: str) -> str:
+    """Runs `code` in a fresh interpreter with CAPSNET_NO_EXT=1 (no C++ kernel of capsnet.routing) and this
+    checkout's src/ first on the path; asserts that it exits with status 0 and returns what it printed."""
+    env = {**os.environ, "CAPSNET_NO_EXT": "1"}
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout

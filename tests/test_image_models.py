@@ -19,6 +19,7 @@ from capsnet.data.imageaug import (
     random_contrast,
     random_crop,
     random_flip,
+    random_rotate_zoom,
     resolve_augment,
 )
 from capsnet.errors import ConfigError
@@ -206,6 +207,28 @@ def test_augment_spec_round_trip_defaults_and_identity():
     assert out.shape == (4, 3, 24, 24) and torch.equal(out, cifar(x, gen(5))) and 0 <= out.min() <= out.max() <= 1
     with pytest.raises(ConfigError, match="cannot read 'crop=big'"):
         AugmentSpec.parse("crop=big")
+
+
+def test_rotate_and_zoom_augmentation():
+    x = torch.zeros(5, 1, 21, 21)
+    x[:, :, 10, 4:17] = 1.0  # a horizontal bar through the centre, 13 px long
+    assert torch.equal(random_rotate_zoom(x, 0.0, (1.0, 1.0), generator=gen()), x)
+    # zoom only, a fixed factor 2: the bar's centre stays, its length doubles (clipped by the 21 px canvas).
+    z = random_rotate_zoom(x, 0.0, (2.0, 2.0), generator=gen())
+    assert torch.allclose(z[:, 0, 10], torch.ones(5, 21)) and z[:, 0, :9].abs().max() < 1e-6
+    # rotation only: each image turned by its own angle in [-90, 90]; the bar keeps its length (its mass, up to
+    # bilinear sampling), passes through the centre, and the result is reproducible with the same generator.
+    r = random_rotate_zoom(x, 90.0, (1.0, 1.0), generator=gen(7))
+    assert torch.equal(r, random_rotate_zoom(x, 90.0, (1.0, 1.0), generator=gen(7)))
+    assert torch.allclose(r.sum(dim=(1, 2, 3)), x.sum(dim=(1, 2, 3)), rtol=0.1)
+    assert (r[:, 0, 10, 10] > 0.99).all() and not torch.allclose(r, x, atol=1e-3)
+    spec = AugmentSpec.parse("rotate=15,zoom=0.9:1.1,shift=2")
+    assert (spec.rotate, spec.zoom, spec.shift) == (15.0, (0.9, 1.1), 2) and AugmentSpec.parse(str(spec)) == spec
+    out = spec(torch.rand(4, 1, 28, 28), gen(2))
+    assert out.shape == (4, 1, 28, 28) and 0 <= out.min() <= out.max() <= 1
+    for bad in ("rotate=-5", "zoom=1.2:1.1", "zoom=0:1", "rotate=x"):
+        with pytest.raises(ConfigError):
+            AugmentSpec.parse(bad)
 
 
 # ------------------------------------------------------------------------------------------------ training

@@ -1,5 +1,6 @@
 """The wheel that `python -m build` makes: data files, the C++ source, every subpackage, and nothing else."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +39,12 @@ def test_wheel_holds_the_package_data_and_no_tests(wheel):
         for kind in ("images-idx3", "labels-idx1"):
             assert f"capsnet/data/files/mnist-sample/{split}-{kind}-ubyte.gz" in names
     assert "capsnet/data/files/NOTICE" in names
-    assert "capsnet/routing/csrc/routing_cpu.cpp" in names
+    csrc = PACKAGE / "routing" / "csrc"  # the C++ kernels are compiled at first use: each needs its headers
+    sources = {f"capsnet/routing/csrc/{p.name}" for p in csrc.iterdir()}
+    assert {"capsnet/routing/csrc/routing_cpu.cpp", "capsnet/routing/csrc/routing_common.h"} <= sources <= names
+    for source in csrc.glob("*.cpp"):
+        for header in re.findall(r'^#include "(.+)"', source.read_text(), flags=re.MULTILINE):
+            assert f"capsnet/routing/csrc/{header}" in names, (source.name, header)
     subpackages = sorted(p.parent.relative_to(PACKAGE.parent).as_posix() for p in PACKAGE.rglob("__init__.py"))
     assert len(subpackages) >= 9  # capsnet and its subpackages nn, routing, models, data, training, ...
     for package in subpackages:

@@ -135,9 +135,10 @@ def test_inverted_attention_conv_matches_reference_windows():
 
 
 # ------------------------------------------------------------------------------------------- self-routing
+@pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
-def test_self_routing_matches_literal_reference(dtype, tol):
-    layer = _randomize(SelfRoutingFC(I, J, DI, DO)).to(dtype)
+def test_self_routing_matches_literal_reference(dtype, tol, fast):
+    layer = _randomize(SelfRoutingFC(I, J, DI, DO, fast=fast)).to(dtype)
     u = torch.randn(2, I, DI, dtype=dtype, requires_grad=True)
     a = torch.rand(2, I, dtype=dtype, requires_grad=True)
     args = lambda: (layer.pose_weight.double(), layer.route_weight.double(), layer.route_bias.double())  # noqa: E731
@@ -148,8 +149,9 @@ def test_self_routing_matches_literal_reference(dtype, tol):
     assert (out.weights.double() - c_ref).abs().max().item() < tol
 
 
-def test_self_routing_matrix_pose_matches_reference():
-    layer = _randomize(SelfRoutingFC(I, J, 4, 4, matrix_pose=True)).double()
+@pytest.mark.parametrize("fast", [True, False])
+def test_self_routing_matrix_pose_matches_reference(fast):
+    layer = _randomize(SelfRoutingFC(I, J, 4, 4, matrix_pose=True, fast=fast)).double()
     u = torch.randn(2, I, 4, dtype=torch.float64, requires_grad=True)
     a = torch.rand(2, I, dtype=torch.float64)
     args = (layer.pose_weight, layer.route_weight, layer.route_bias)
@@ -173,6 +175,116 @@ def test_self_routing_conv_equals_fc_on_each_window():
     children = u[:, :, 1:3, 0:2].reshape(2, 8, 4)  # window at output (1, 0): type-major, then ky, kx
     out = fc(children, a[:, :, 1:3, 0:2].reshape(2, 8), return_weights=True)
     assert torch.allclose(pose[:, :, 1, 0], out.capsules) and torch.allclose(act[:, :, 1, 0], out.activations)
+
+
+# The fast path (capsnet.routing.self_routing_fast: no votes, large-K GEMMs, hand-derived backward) against the
+# reference self_routing (the votes formed, autograd): every output and every gradient, in float64 and float32.
+def _self_routing_results(layer, inputs, fast):
+    """Outputs (poses; for the FC layer also activations and weights) and the gradients of a fixed random
+    projection of all of them w.r.t. the inputs and every parameter, with layer.fast = `fast`."""
+    layer.fast = fast
+    leaves = [*inputs, *layer.parameters()]
+    for t in leaves:
+        t.grad = None
+    outs = list(layer(*inputs) if isinstance(layer, SelfRoutingConv) else layer(*inputs, return_weights=True))
+    gen = torch.Generator().manual_seed(1)
+    loss = sum((o * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype)).sum() for o in outs)
+    loss.backward()
+    assert all(p.grad.is_contiguous() for p in layer.parameters())  # no strided gradients (DDP buckets)
+    assert isinstance(layer, SelfRoutingConv) or all(o.is_contiguous() for o in outs)
+    return [o.detach() for o in outs] + [t.grad.clone() for t in leaves]
+
+
+def _assert_fast_equals_reference(layer, inputs, tol):
+    got, want = (_self_routing_results(layer, inputs, fast) for fast in (True, False))
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert torch.isfinite(g).all()
+        assert (g - w).abs().max().item() <= tol * max(1.0, w.abs().max().item())
+
+
+def _activations(kind, shape, dtype):
+    a = torch.rand(shape, dtype=dtype)
+    if kind == "zero":  # every activation 0: the EPS guards of both divisions
+        a.zero_()
+    elif kind == "one-zero-example":
+        a[0] = 0
+    return a.requires_grad_()
+
+
+SR_TOLS = [(torch.float64, 1e-12), (torch.float32, 1e-5)]
+
+
+@pytest.mark.parametrize("kind", ["random", "zero", "one-zero-example"])
+@pytest.mark.parametrize("matrix_pose", [False, True])
+@pytest.mark.parametrize("dtype,tol", SR_TOLS)
+def test_self_routing_fast_fc_equals_reference(dtype, tol, matrix_pose, kind):
+    d_in, d_out = (9, 9) if matrix_pose else (6, 7)
+    layer = _randomize(SelfRoutingFC(23, 5, d_in, d_out, matrix_pose=matrix_pose)).to(dtype)
+    u = torch.randn(4, 23, d_in, dtype=dtype, requires_grad=True)
+    _assert_fast_equals_reference(layer, [u, _activations(kind, (4, 23), dtype)], tol)
+
+
+@pytest.mark.parametrize("dtype,tol", SR_TOLS)
+def test_self_routing_fast_fc_without_poses_equals_reference(dtype, tol):
+    layer = _randomize(SelfRoutingFC(23, 5, 4, 4, pose_out=False)).to(dtype)
+    u = torch.randn(4, 23, 4, dtype=dtype, requires_grad=True)
+    _assert_fast_equals_reference(layer, [u, _activations("random", (4, 23), dtype)], tol)
+
+
+@pytest.mark.parametrize("kind", ["random", "zero"])
+@pytest.mark.parametrize("matrix_pose", [False, True])
+@pytest.mark.parametrize("dtype,tol", SR_TOLS)
+def test_self_routing_fast_conv_equals_reference(dtype, tol, matrix_pose, kind):
+    d_in, d_out = (4, 4) if matrix_pose else (3, 5)
+    layer = _randomize(SelfRoutingConv(2, 3, d_in, d_out, kernel_size=2, stride=2, matrix_pose=matrix_pose))
+    layer = layer.to(dtype)
+    u = torch.randn(2, 2, 5, 4, d_in, dtype=dtype, requires_grad=True)
+    _assert_fast_equals_reference(layer, [u, _activations(kind, (2, 2, 5, 4), dtype)], tol)
+
+
+@pytest.mark.parametrize("matrix_pose", [False, True])
+def test_self_routing_fast_batch_chunks_change_nothing(matrix_pose):
+    from capsnet.routing.self_routing_fast import fast_self_routing
+
+    layer = _randomize(SelfRoutingFC(11, 4, 4, 4, matrix_pose=matrix_pose)).double()
+    params = list(layer.parameters())
+    u = torch.randn(7, 11, 4, dtype=torch.float64, requires_grad=True)
+    a = torch.rand(7, 11, dtype=torch.float64, requires_grad=True)
+    results = []
+    for chunk in (None, 7, 3, 1):  # one chunk, and chunks that do and do not divide the batch
+        pose, act, c = fast_self_routing(u, a, *params, matrix_pose=matrix_pose, chunk=chunk)
+        grads = torch.autograd.grad((pose * torch.arange(pose.numel()).view_as(pose).sin()).sum(), [u, a, *params])
+        results.append([pose, act, c, *grads])
+    for other in results[1:]:
+        for x, y in zip(other, results[0], strict=True):
+            assert (x - y).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("matrix_pose", [False, True])
+def test_self_routing_fast_gradcheck(matrix_pose):
+    from capsnet.routing.self_routing_fast import fast_self_routing
+
+    layer = _randomize(SelfRoutingFC(I, J, 4, 4, matrix_pose=matrix_pose)).double()
+    weights = [p.detach().requires_grad_() for p in layer.parameters()]
+    u = torch.randn(2, I, 4, dtype=torch.float64, requires_grad=True)
+    a = torch.rand(2, I, dtype=torch.float64, requires_grad=True)
+
+    def fn(u, a, *weights):
+        pose, act, c = fast_self_routing(u, a, *weights, matrix_pose=matrix_pose, chunk=1)
+        return pose, act, c
+
+    assert torch.autograd.gradcheck(fn, (u, a, *weights), eps=1e-6, atol=1e-7)
+
+
+def test_self_routing_fast_runs_half_precision_in_float32():
+    layer = _randomize(SelfRoutingFC(I, J, DI, DO))
+    u, a = torch.randn(3, I, DI), torch.rand(3, I)
+    out = layer(u.bfloat16(), a.bfloat16())
+    assert out.dtype == torch.float32
+    layer.fast = False
+    want = layer(u.bfloat16().float(), a.bfloat16().float())
+    assert (out - want).abs().max().item() < 1e-5
 
 
 # ------------------------------------------------------------------------------------------- every layer

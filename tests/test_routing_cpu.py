@@ -4,12 +4,10 @@ The extension must build here (CI installs ninja and has a C++ compiler): a buil
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from helpers import check_bf16_autocast_routes_in_fp32
+from helpers import check_bf16_autocast_routes_in_fp32, run_without_extensions
 from reference import procedure1
 
 from capsnet import Router, squash
@@ -186,9 +184,4 @@ def test_fallback_without_the_extension():
         "assert calls and u.grad is not None\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "CAPSNET_NO_EXT": "1"}
-    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().endswith("ok")
+    assert run_without_extensions(code).strip().endswith("ok")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
-from .augment import random_shift
+from .augment import affine_warp, random_shift
 
 
 def _draw(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
@@ -78,6 +78,22 @@ def random_contrast(
     return (x - mean) * f + mean
 
 
+def random_rotate_zoom(
+    x: torch.Tensor, degrees: float, zoom: tuple[float, float], *, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Rotate each image about its centre by an angle drawn from [-degrees, degrees] and scale it by a factor drawn
+    from [zoom[0], zoom[1]] (bilinear, zero outside); degrees 0 and zoom (1, 1): identity."""
+    lo, hi = zoom
+    if degrees == 0 and lo == hi == 1:
+        return x
+    r = _draw((2, x.shape[0]), generator, x.device)
+    angle = torch.deg2rad((r[0] * 2 - 1) * degrees)
+    factor = lo + r[1] * (hi - lo)
+    cos, sin = torch.cos(angle) * factor, torch.sin(angle) * factor  # M = factor · rotation  [B]
+    matrix = torch.stack([torch.stack([cos, -sin], -1), torch.stack([sin, cos], -1)], -2)  # [B, 2, 2]
+    return affine_warp(x, matrix)
+
+
 @dataclass(frozen=True)
 class AugmentSpec:
     """One data set's augmentation. Written and parsed as a comma list, e.g. "crop=24,flip,brightness=0.247,
@@ -89,8 +105,12 @@ class AugmentSpec:
     brightness: float = 0.0  # max |delta|, in units of the [0, 1] range
     contrast: tuple[float, float] = (1.0, 1.0)  # range of the contrast factor
     standardize: bool = False  # per-image standardization (done by the model: its config records it)
+    rotate: float = 0.0  # random rotation of up to ± this many degrees (not the paper's)
+    zoom: tuple[float, float] = (1.0, 1.0)  # range of a random scale factor (not the paper's)
 
     def __post_init__(self) -> None:
+        if self.rotate < 0 or not 0 < self.zoom[0] <= self.zoom[1]:
+            raise ConfigError(f"augmentation {self}: need rotate >= 0 and 0 < zoom lo <= hi")
         lo, hi = self.contrast
         if self.shift < 0 or self.brightness < 0 or not 0 <= lo <= hi:
             raise ConfigError(f"augmentation {self}: need shift >= 0, brightness >= 0 and 0 <= contrast lo <= hi")
@@ -101,6 +121,8 @@ class AugmentSpec:
         """The training augmentation of a float batch [B, C, H, W] in [0, 1]; the result is clamped to [0, 1]."""
         if self.crop is not None:
             x = random_crop(x, self.crop, generator=generator)
+        if self.rotate or self.zoom != (1.0, 1.0):
+            x = random_rotate_zoom(x, self.rotate, self.zoom, generator=generator).clamp_(0.0, 1.0)
         if self.shift:
             x = random_shift(x, self.shift, generator=generator)
         if self.flip:
@@ -121,6 +143,10 @@ class AugmentSpec:
         parts = []
         if self.crop is not None:
             parts.append(f"crop={self.crop[0]}x{self.crop[1]}")
+        if self.rotate:
+            parts.append(f"rotate={self.rotate:g}")
+        if self.zoom != (1.0, 1.0):
+            parts.append(f"zoom={self.zoom[0]:g}:{self.zoom[1]:g}")
         if self.shift:
             parts.append(f"shift={self.shift}")
         if self.flip:
@@ -136,7 +162,7 @@ class AugmentSpec:
     @classmethod
     def parse(cls, text: str) -> AugmentSpec:
         """The inverse of str(): "none", or a comma list of shift=N, crop=H[xW], flip, brightness=D,
-        contrast=LO:HI, standardize."""
+        contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize."""
         spec: dict = {}
         for item in (t.strip() for t in text.split(",")):
             key, _, value = item.partition("=")
@@ -154,15 +180,17 @@ class AugmentSpec:
                         raise ValueError(value)
                 elif key == "brightness":
                     spec["brightness"] = float(value)
-                elif key == "contrast":
+                elif key in ("contrast", "zoom"):
                     lo, hi = value.split(":")
-                    spec["contrast"] = (float(lo), float(hi))
+                    spec[key] = (float(lo), float(hi))
+                elif key == "rotate":
+                    spec["rotate"] = float(value)
                 else:
                     raise ValueError(item)
             except ValueError:
                 raise ConfigError(
                     f"augmentation {text!r}: cannot read {item!r}; use none or a comma list of shift=N, crop=H[xW], "
-                    "flip, brightness=D, contrast=LO:HI, standardize"
+                    "flip, brightness=D, contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize"
                 ) from None
         return cls(**spec)
 

@@ -28,12 +28,12 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..nn.standardize import per_image_standardize
-from .inputs import check_images, image_hw
+from .inputs import RecordedData, check_images, image_hw
 from .pretrained import Pretrained
 
 
 @dataclass
-class BaselineConfig:
+class BaselineConfig(RecordedData):
     """Hyper-parameters of :class:`BaselineCNN`; the defaults are the paper's MNIST baseline (35.4M parameters)."""
 
     in_channels: int = field(default=1, metadata={"help": "input image channels"})
@@ -47,19 +47,9 @@ class BaselineConfig:
     pool: bool = field(default=False, metadata={"help": "2x2 max-pooling after each convolution (not the paper's)"})
     hidden: tuple[int, ...] = field(default=(328, 192), metadata={"help": "fully connected layer sizes"})
     dropout: float = field(default=0.5, metadata={"help": "dropout before the softmax layer"})
-    # Recorded from the data, as in CapsNetConfig (capsnet.training.tasks fills them in).
-    standardize: bool = field(default=False, metadata={"help": "per-image standardization of the input"})
-    class_names: tuple[str, ...] = field(default=(), metadata={"help": "the training data's class names"})
-    digits: bool = field(
-        default=True, metadata={"help": "trained on a digit set: predict inverts and boxes images as MNIST's"}
-    )
-    source_size: tuple[int, ...] = field(
-        default=(), metadata={"help": "[H, W] of the training images before cropping (empty: image_size)"}
-    )
 
     def __post_init__(self) -> None:
         self.channels, self.hidden = tuple(self.channels), tuple(self.hidden)
-        self.class_names, self.source_size = tuple(self.class_names), tuple(self.source_size)
         if not isinstance(self.image_size, int):
             self.image_size = tuple(self.image_size)
         for name in ("in_channels", "kernel_size"):
@@ -67,6 +57,7 @@ class BaselineConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.n_classes < 2:
             raise ConfigError(f"n_classes must be >= 2, got {self.n_classes}")
+        self._check_recorded(self.n_classes)
         bad_pair = not isinstance(self.image_size, int) and len(self.image_size) != 2
         if bad_pair or min(image_hw(self.image_size)) < 1:
             raise ConfigError(f"image_size must be a positive side or [height, width], got {self.image_size}")

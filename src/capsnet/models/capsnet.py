@@ -24,12 +24,12 @@ from ..routing.dynamic import Router, default_weight_std
 from ..routing.inverted_attention import InvertedAttentionFC
 from ..routing.self_attention import SelfAttentionRouter
 from ..routing.self_routing import SelfRoutingFC
-from .inputs import check_images, image_hw
+from .inputs import RecordedData, check_images, image_hw
 from .pretrained import Pretrained
 
 
 @dataclass
-class CapsNetConfig:
+class CapsNetConfig(RecordedData):
     """Hyper-parameters of :class:`CapsNet`; the defaults are the paper's MNIST model."""
 
     in_channels: int = field(default=1, metadata={"help": "input image channels"})
@@ -74,11 +74,6 @@ class CapsNetConfig:
         metadata={"help": "a learned bias per class capsule added before the squash (as the official code's "
                   "capsule layers; dynamic routing only)"},
     )  # fmt: skip
-    standardize: bool = field(
-        default=False,
-        metadata={"help": "per-image standardization of the input (the official CIFAR-10 input pipeline); set "
-                  "from the data set's augmentation"},
-    )  # fmt: skip
     decoder: bool = field(default=True, metadata={"help": "add the reconstruction decoder"})
     decoder_hidden: tuple[int, ...] = field(default=(512, 1024), metadata={"help": "decoder hidden sizes"})
     decoder_mask: Literal["label", "prediction"] = field(
@@ -91,15 +86,6 @@ class CapsNetConfig:
     )
     router_init_std: float | None = field(
         default=None, metadata={"help": "initial std of W_ij (default: capsnet.routing.default_weight_std)"}
-    )
-    # What the model was trained on, recorded from the data (capsnet.training.tasks): predict, evaluate and
-    # visualize read them.
-    class_names: tuple[str, ...] = field(default=(), metadata={"help": "the training data's class names"})
-    digits: bool = field(
-        default=True, metadata={"help": "trained on a digit set: predict inverts and boxes images as MNIST's"}
-    )
-    source_size: tuple[int, ...] = field(
-        default=(), metadata={"help": "[H, W] of the training images before cropping (empty: image_size)"}
     )
 
     # Keys of older config.json files (capsnet 0.1.0), read by capsnet.config.from_dict with a DeprecationWarning.
@@ -128,9 +114,7 @@ class CapsNetConfig:
         if min(image_hw(self.image_size)) < 1:
             raise ConfigError(f"image_size must be >= 1, got {self.image_size}")
         self.decoder_hidden = tuple(self.decoder_hidden)
-        self.class_names, self.source_size = tuple(self.class_names), tuple(self.source_size)
-        if self.class_names and len(self.class_names) != self.n_classes:
-            raise ConfigError(f"{len(self.class_names)} class_names for n_classes {self.n_classes}")
+        self._check_recorded(self.n_classes)
         if (self.leaky_routing or self.capsule_bias) and self.routing != "dynamic":
             raise ConfigError("leaky_routing and capsule_bias are options of dynamic routing (routing='dynamic')")
         if self.routing not in ROUTINGS:

@@ -19,6 +19,7 @@ from ..nn.losses import MarginLoss, SpreadLoss, spread_margin
 from ..nn.standardize import per_image_standardize
 from ..routing.em import FINAL_LAMBDA
 from ..routing.matrix_capsules import ClassCaps, ConvCaps, PrimaryMatrixCaps
+from .inputs import RecordedData
 from .pretrained import Pretrained
 
 # The paper's smaller network (§4: "A=64, B=8, C=D=16", 68K parameters); the defaults are the main one (A=B=C=D=32).
@@ -26,7 +27,7 @@ SMALL = {"conv_channels": 64, "primary_types": 8, "caps1_types": 16, "caps2_type
 
 
 @dataclass
-class EMCapsNetConfig:
+class EMCapsNetConfig(RecordedData):
     """Hyper-parameters of :class:`EMCapsNet`; the defaults are the paper's smallNORB model (A=B=C=D=32)."""
 
     in_channels: int = field(default=1, metadata={"help": "input image channels"})
@@ -56,17 +57,6 @@ class EMCapsNetConfig:
     margin_anneal_steps: int = field(
         default=10000, metadata={"help": "training steps over which the spread loss margin grows from 0.2 to 0.9"}
     )
-    # What the model was trained on, recorded from the data (capsnet.training.tasks), as CapsNetConfig does.
-    standardize: bool = field(
-        default=False, metadata={"help": "per-image standardization of the input; set from the data set's augmentation"}
-    )
-    class_names: tuple[str, ...] = field(default=(), metadata={"help": "the training data's class names"})
-    digits: bool = field(
-        default=True, metadata={"help": "trained on a digit set: predict inverts and boxes images as MNIST's"}
-    )
-    source_size: tuple[int, ...] = field(
-        default=(), metadata={"help": "[H, W] of the training images before cropping (empty: image_size)"}
-    )
 
     def __post_init__(self) -> None:
         ints = ("in_channels", "image_size", "n_classes", "conv_channels", "conv_kernel", "primary_types",
@@ -74,9 +64,7 @@ class EMCapsNetConfig:
         for name in ints:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        self.class_names, self.source_size = tuple(self.class_names), tuple(self.source_size)
-        if self.class_names and len(self.class_names) != self.n_classes:
-            raise ConfigError(f"{len(self.class_names)} class_names for n_classes {self.n_classes}")
+        self._check_recorded(self.n_classes)
         if self.final_lambda <= 0 or self.min_var <= 0:
             raise ConfigError(f"final_lambda and min_var must be > 0, got {self.final_lambda}, {self.min_var}")
         if self.class_grid < 1:

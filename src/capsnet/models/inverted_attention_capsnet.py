@@ -1,6 +1,7 @@
 """Tsai, Srivastava, Goh & Salakhutdinov (ICLR 2020): the CIFAR-10 capsule network with the "simple" backbone.
 
-Architecture (the paper's Fig. 1 and the authors' published CIFAR-10 configuration):
+Architecture (the authors' published CIFAR-10 configuration; the paper's Fig. 1 draws the general form, which
+has one more fully connected capsule layer before the class capsules):
 
     backbone      conv 3×3, 3 → 128, stride 2, padding 1, ReLU                32 → 16
     primary caps  conv 1×1, 128 → 32·16 (no bias); 32 capsule types of 4×4 pose matrices, LayerNorm over the 16
@@ -16,8 +17,11 @@ uniform). Parameters on 32×32 RGB images, derived layer by layer (LayerNorm: γ
     conv caps 3·3·32·32·(4·4) = 147,456 + 32, twice;  class caps 800·10·16 = 128,000 + 32;  classifier 16 + 1
     total 492,177
 
-(The paper's parameter table could not be checked for this build; the count above follows from the published
-configuration.)
+Checked layer by layer against the authors' release (github.com/apple/ml-capsules-inverted-attention-routing:
+configs/resnet_backbone_CIFAR10.json run with `--backbone simple`, src/layers.py, src/capsule_model.py): the same
+layers and weight shapes, and their count includes the LayerNorms' γ and β as this one does. The paper's Table 1
+could not be read for this check. (The released CIFAR-100 configuration differs: 6×6 poses and an extra fully
+connected capsule layer of 20.)
 """
 
 from __future__ import annotations

@@ -36,6 +36,9 @@ class Pretrained(_ModuleBase):
     config_class: ClassVar[type]
     model_type: ClassVar[str]
     default_lr: ClassVar[float]
+    # Values for config keys a saved config.json may lack because it was written before they existed: the ones that
+    # rebuild the model it was saved from (the dataclass defaults describe the current, paper layout).
+    saved_defaults: ClassVar[dict[str, Any]] = {}
     config: Any
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -67,6 +70,7 @@ class Pretrained(_ModuleBase):
         target = cls if model_type == getattr(cls, "model_type", None) else _REGISTRY.get(model_type)
         if target is None or (cls is not Pretrained and not issubclass(target, cls)):
             raise CheckpointError(f"{directory}: holds a {model_type!r} model, not a {cls.__name__}")
+        config = {**target.saved_defaults, **config}
         model = target(config=from_dict(target.config_class, config, what=f"{directory}/{CONFIG_NAME}"))
         _load_weights(model, Path(directory) / WEIGHTS_NAME)
         return cast(M, model.to(map_location).eval())  # `target` is `cls` or a subclass of it

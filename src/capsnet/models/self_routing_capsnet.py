@@ -1,24 +1,36 @@
-"""Self-routing capsule network (Hahn, Pyeon & Kim, NeurIPS 2019) on a small ResNet backbone.
+"""Self-routing capsule network (Hahn, Pyeon & Kim, NeurIPS 2019) on a ResNet-20 backbone.
 
-As in the paper's CIFAR-10 experiments, a ResNet-20-style backbone (a 3×3 stem of 16 channels, then three stages of
-`resnet_blocks` basic blocks with 16, 32 and 64 channels, strides 1, 2, 2) feeds capsule layers in place of its
-pooling and classifier:
+The CIFAR-10 / SVHN model of the paper, as the authors released it (github.com/coder3000/SR-CapsNet,
+models/resnet.py with the defaults of config.py: 16 planes, 32 capsule types of 16 = 4×4 poses, depth 1). ResNet-20
+(He et al. 2016, §4.2: a 3×3 stem of 16 channels, then three stages of `resnet_blocks` basic blocks with 16, 32 and
+64 channels, strides 1, 2, 2, and parameter-free zero-padded identity shortcuts, "option A") keeps its features and
+drops its pooling and classifier; capsule layers take their place:
 
-    primary caps  3×3 convolutions (padding 1): 32 types of 4×4 pose matrices, and their activations a_i =
-                  sigmoid(BatchNorm(conv))
-    conv caps     32 → 32 types, 3×3, stride 2, self-routing (capsnet.routing.self_routing)
-    class caps    fully connected self-routing to 10 capsules; their activations (a distribution over the classes,
-                  since the routing weights sum to 1 over the parents) are the class probabilities; as in the
-                  paper this layer computes no poses (`capsules` holds the activations, [B, 10, 1])
+    primary caps  3×3 convolutions (padding 1, no bias) + BatchNorm: 32 types of 4×4 pose matrices, and their
+                  activations a_i = sigmoid(BatchNorm(conv))                               [B, 32, 8, 8]
+    class caps    self-routing (capsnet.routing.self_routing) from every primary capsule (32·8·8 = 2,048) to 10
+                  capsules; their activations (a distribution over the classes, since the routing weights sum to 1
+                  over the parents) are the class probabilities. This layer computes no poses (`capsules` holds the
+                  activations, [B, 10, 1]), so its only weights are W^route and b^route.
 
-trained with the negative log-likelihood of the class activations. Layer sizes follow the paper's description;
-the exact published configuration and parameter count were not available for this build, so the count pinned in
-the tests is this module's own (derived in the test).
+trained with the negative log-likelihood of the class activations. `capsule_types` / `capsule_strides` insert
+convolutional self-routing layers (3×3, no padding, 4×4 pose matrices) between the two, an extension: the authors'
+deeper variants (`--depth` > 1) pad their capsule convolutions, BatchNorm their poses and vote with full 16×16
+matrices.
+
+Parameters on 32×32 RGB images, derived layer by layer in tests/test_routing_models.py: ResNet-20 without its
+classifier 269,072; primary poses 294,912 + 1,024, activations 18,432 + 64; class caps 327,680 + 20,480;
+total 931,664. (The paper's own parameter table could not be read for this check; the figure is the one the
+authors' code builds.)
+
+Configs saved before `shortcut` and `primary_batchnorm` existed describe the earlier layout (1×1 convolution +
+BatchNorm shortcuts, a biased pose convolution without BatchNorm); `saved_defaults` keeps them loading as saved.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -34,17 +46,29 @@ from .pretrained import Pretrained
 
 @dataclass
 class SelfRoutingCapsNetConfig:
-    """Hyper-parameters of :class:`SelfRoutingCapsNet`; defaults: CIFAR-10 with a ResNet-20 backbone."""
+    """Hyper-parameters of :class:`SelfRoutingCapsNet`; defaults: the authors' CIFAR-10 model (ResNet-20 backbone)."""
 
     in_channels: int = field(default=3, metadata={"help": "input image channels"})
     image_size: int = field(default=32, metadata={"help": "input image height and width"})
     n_classes: int = field(default=10, metadata={"help": "number of classes (class capsules)"})
     resnet_widths: tuple[int, ...] = field(default=(16, 32, 64), metadata={"help": "channels of the ResNet stages"})
     resnet_blocks: int = field(default=3, metadata={"help": "basic blocks per ResNet stage (3: ResNet-20)"})
+    shortcut: Literal["identity", "projection"] = field(
+        default="identity",
+        metadata={"help": "ResNet shortcut where the shape changes: zero-padded identity (He et al.'s option A, "
+                          "the authors' code) or 1x1 convolution + BatchNorm (option B)"},
+    )  # fmt: skip
     primary_types: int = field(default=32, metadata={"help": "primary capsule types"})
     pose_dim: int = field(default=16, metadata={"help": "capsule pose size (a square: 16 = 4x4 matrices)"})
-    capsule_types: tuple[int, ...] = field(default=(32,), metadata={"help": "types of each conv capsule layer"})
-    capsule_strides: tuple[int, ...] = field(default=(2,), metadata={"help": "their strides (3x3 kernels)"})
+    primary_batchnorm: bool = field(
+        default=True,
+        metadata={"help": "BatchNorm on the primary poses, convolutions without bias (the authors' code); "
+                          "--no-primary-batchnorm: a biased pose convolution without it"},
+    )  # fmt: skip
+    capsule_types: tuple[int, ...] = field(
+        default=(), metadata={"help": "types of each conv capsule layer before the class capsules (authors: none)"}
+    )
+    capsule_strides: tuple[int, ...] = field(default=(), metadata={"help": "their strides (3x3 kernels)"})
 
     def __post_init__(self) -> None:
         self.resnet_widths = tuple(self.resnet_widths)
@@ -54,6 +78,11 @@ class SelfRoutingCapsNetConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.resnet_widths or min(self.resnet_widths) < 1:
             raise ConfigError("resnet_widths must be a non-empty list of positive channel counts")
+        if self.shortcut not in ("identity", "projection"):
+            raise ConfigError(f"shortcut must be 'identity' or 'projection', got {self.shortcut!r}")
+        if self.shortcut == "identity" and any(b < a for a, b in zip(self.resnet_widths, self.resnet_widths[1:])):
+            raise ConfigError("identity shortcuts zero-pad channels: resnet_widths must not decrease "
+                              "(or use shortcut 'projection')")  # fmt: skip
         if len(self.capsule_types) != len(self.capsule_strides) or min((*self.capsule_types, *self.capsule_strides,
                                                                           1)) < 1:  # fmt: skip
             raise ConfigError("capsule_types and capsule_strides need one positive value per capsule layer")
@@ -64,27 +93,41 @@ class SelfRoutingCapsNetConfig:
 
     @property
     def grids(self) -> list[int]:
-        """Side of the primary capsule grid, then of each conv capsule layer's: 32 → 8 (backbone) → 3."""
+        """Side of the primary capsule grid, then of each conv capsule layer's: 32 → 8 (backbone) by default."""
         s = self.image_size
         for _ in self.resnet_widths[1:]:
-            s = conv_output_size(s + 2, 3, 2)  # a stride-2 stage (3×3, padding 1)
+            s = conv_output_size(s, 3, 2, padding=1)  # a stride-2 stage
         sizes = [s]
         for stride in self.capsule_strides:
             sizes.append(conv_output_size(sizes[-1], 3, stride))
         return sizes
 
 
-class _BasicBlock(nn.Module):
-    """ResNet basic block: two 3×3 conv + BatchNorm, identity shortcut (1×1 conv + BatchNorm when the shape changes)."""
+class _ZeroPadShortcut(nn.Module):
+    """He et al.'s option A: subsample by the stride and zero-pad the new channels on both sides (no parameters)."""
 
     def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.stride, self.pad_lo, self.pad_hi = stride, (c_out - c_in) // 2, c_out - c_in - (c_out - c_in) // 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x[:, :, :: self.stride, :: self.stride]
+        return F.pad(x, (0, 0, 0, 0, self.pad_lo, self.pad_hi))  # [B, C_out, H', W']
+
+
+class _BasicBlock(nn.Module):
+    """ResNet basic block: two 3×3 conv + BatchNorm and a shortcut, identity unless the shape changes."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int, shortcut: str):
         super().__init__()
         self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(c_out)
         self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(c_out)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or c_in != c_out:
+        self.shortcut: nn.Module = nn.Sequential()
+        if (stride != 1 or c_in != c_out) and shortcut == "identity":
+            self.shortcut = _ZeroPadShortcut(c_in, c_out, stride)
+        elif stride != 1 or c_in != c_out:
             self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -93,14 +136,16 @@ class _BasicBlock(nn.Module):
 
 
 class SelfRoutingCapsNet(Pretrained, nn.Module):
-    """Self-routing capsules on a ResNet-20 backbone (Hahn et al. 2019)."""
+    """Self-routing capsules on a ResNet-20 backbone (Hahn et al. 2019): 931,664 parameters on CIFAR-10."""
 
     config_class = SelfRoutingCapsNetConfig
     model_type = "self-routing-capsnet"
     paper = "Hahn, Pyeon & Kim, NeurIPS 2019"
-    designed_for = "CIFAR-10 32x32 RGB (also SVHN, smallNORB)"
+    designed_for = "CIFAR-10 32x32 RGB (also SVHN)"
     routing_method = "self-routing"  # what `capsnet visualize` names the routing figure after
     default_lr = 1e-3
+    # config.json files written before these keys existed hold the earlier layout
+    saved_defaults: ClassVar[dict[str, Any]] = {"shortcut": "projection", "primary_batchnorm": False}
 
     def __init__(self, *, config: SelfRoutingCapsNetConfig | None = None, **options):
         super().__init__()
@@ -111,12 +156,13 @@ class SelfRoutingCapsNet(Pretrained, nn.Module):
         c_in = w[0]
         for stage, width in enumerate(w):
             for block in range(cfg.resnet_blocks):
-                layers.append(_BasicBlock(c_in, width, 2 if stage > 0 and block == 0 else 1))
+                layers.append(_BasicBlock(c_in, width, 2 if stage > 0 and block == 0 else 1, cfg.shortcut))
                 c_in = width
         self.backbone = nn.Sequential(*layers)
-        self.primary_pose = nn.Conv2d(c_in, cfg.primary_types * cfg.pose_dim, 3, padding=1)
-        self.primary_act = nn.Sequential(nn.Conv2d(c_in, cfg.primary_types, 3, padding=1),
-                                         nn.BatchNorm2d(cfg.primary_types))  # fmt: skip
+        t, td, bias = cfg.primary_types, cfg.primary_types * cfg.pose_dim, not cfg.primary_batchnorm
+        pose_conv = nn.Conv2d(c_in, td, 3, padding=1, bias=bias)  # (the earlier layout: biased, no BatchNorm)
+        self.primary_pose = nn.Sequential(pose_conv, nn.BatchNorm2d(td)) if cfg.primary_batchnorm else pose_conv
+        self.primary_act = nn.Sequential(nn.Conv2d(c_in, t, 3, padding=1, bias=bias), nn.BatchNorm2d(t))
         types = (cfg.primary_types, *cfg.capsule_types)
         self.capsules = nn.ModuleList([
             SelfRoutingConv(t_in, t_out, cfg.pose_dim, cfg.pose_dim, 3, s, matrix_pose=True)

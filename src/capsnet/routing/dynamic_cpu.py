@@ -8,119 +8,21 @@ passes backwards, keeping only small factors (G_t = dL/db_t [in, out], ds_t, v_t
 parallel over the input capsules, it rebuilds dL/dû from them and forms dL/du and dL/dW, summing over the batch in
 a fixed order (so dL/dW does not depend on the number of threads).
 
-The extension is compiled with ``torch.utils.cpp_extension.load_inline`` at first use (``-O3 -march=native
--fopenmp``, or without ``-march=native`` if that fails; needs a C++ compiler and ninja) and cached in torch's
-extension directory. If it cannot be built, :func:`available` is False and :class:`capsnet.Router` uses
-:func:`capsnet.routing.fast_dynamic_routing` (with one warning). ``CAPSNET_NO_EXT=1`` disables the extension.
+The extension is compiled at first use by :mod:`capsnet.routing.extension` (``-O3 -march=native -fopenmp``; needs a
+C++ compiler and ninja) and cached in torch's extension directory. If it cannot be built, :func:`available` is
+False and :class:`capsnet.Router` uses :func:`capsnet.routing.fast_dynamic_routing` (with one warning).
+``CAPSNET_NO_EXT=1`` disables the extension.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import platform
-import shutil
-import threading
-import warnings
-from pathlib import Path
-from types import ModuleType
-
 import torch
 
-_SOURCE = Path(__file__).with_name("csrc") / "routing_cpu.cpp"
-_lock = threading.Lock()
-_state: dict[str, object] = {}  # "module": the loaded extension or None after a failure; "error": why
+from .extension import LazyExtension
 
-
-def _ensure_ninja_on_path() -> None:
-    """torch's cpp_extension runs `ninja` from PATH; the `ninja` pip package may sit in an inactive venv."""
-    if shutil.which("ninja"):
-        return
-    try:
-        import ninja  # the PyPI package ships the binary in ninja.BIN_DIR
-    except ImportError:
-        return
-    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-
-
-def _cpu_model() -> str:
-    """The CPU's model name and instruction-set flags (what -march=native depends on)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            lines = {line for line in f if line.startswith(("model name", "flags", "Features"))}
-    except OSError:
-        lines = set()
-    return "".join(sorted(lines)) or platform.processor() or platform.machine()
-
-
-def _build(verbose: bool = False) -> ModuleType:
-    from torch.utils.cpp_extension import load_inline
-
-    _ensure_ninja_on_path()
-    source = _SOURCE.read_text()
-    errors = []
-    # -march=native builds are named after this CPU model, so a cache shared between machines cannot hand one
-    # CPU code built for another.
-    cpu = hashlib.sha1(_cpu_model().encode()).hexdigest()[:10]
-    variants = (
-        (f"capsnet_routing_cpu_{cpu}", ["-O3", "-march=native", "-mprefer-vector-width=512"]),
-        ("capsnet_routing_cpu_generic", ["-O3"]),
-    )
-    for name, flags in variants:
-        try:
-            return load_inline(
-                name=name,
-                cpp_sources=[source],
-                extra_cflags=[*flags, "-fopenmp", "-std=c++17"],
-                extra_ldflags=["-fopenmp"],
-                verbose=verbose,
-            )
-        except Exception as e:  # compiler/flag/ninja problems: try the next flags, then give up
-            errors.append(f"{name}: {type(e).__name__}: {e}")
-    raise RuntimeError("; ".join(errors))
-
-
-def load(verbose: bool = False, *, raise_errors: bool = False) -> ModuleType | None:
-    """The compiled extension, building it on the first call (thread-safe); None if disabled or unbuildable."""
-    if os.environ.get("CAPSNET_NO_EXT", "") not in ("", "0"):
-        return None
-    if "module" not in _state:
-        with _lock:
-            if "module" not in _state:
-                try:
-                    _state["module"] = _build(verbose)
-                except Exception as e:
-                    _state["module"], _state["error"] = None, f"{type(e).__name__}: {e}"
-                    if not raise_errors:
-                        warnings.warn(
-                            "capsnet: the fused CPU routing kernel could not be built; using the PyTorch-op fast "
-                            f"path instead ({str(e)[:300]})",
-                            RuntimeWarning,
-                            stacklevel=3,
-                        )
-    if _state["module"] is None and raise_errors:
-        raise RuntimeError(f"capsnet: cannot build the CPU routing kernel: {_state.get('error')}")
-    return _state["module"]  # type: ignore[return-value]
-
-
-def _kernel() -> ModuleType:
-    """The loaded extension; a build failure raises (as `load(raise_errors=True)`)."""
-    module = load(raise_errors=True)
-    if module is None:  # CAPSNET_NO_EXT: callers check `load()` first, so this is a bug if it happens
-        raise RuntimeError("capsnet: the CPU routing kernel is disabled (CAPSNET_NO_EXT)")
-    return module
-
-
-@torch.compiler.assume_constant_result
-def available() -> bool:
-    """Whether the fused kernel can be used (builds it on the first call). torch.compile takes the answer as a
-    constant, so the lock and the build stay out of the traced graph."""
-    return load() is not None
-
-
-def applicable(u: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether :func:`cpu_dynamic_routing` handles these inputs: CPU tensors, the kernel builds."""
-    return u.device.type == "cpu" and weight.device.type == "cpu" and available()
+_EXTENSION = LazyExtension("routing_cpu", what="the fused CPU routing kernel", fallback="the PyTorch-op fast path")
+load, _kernel = _EXTENSION.load, _EXTENSION.kernel  # the extension or None; the extension or an error
+available, applicable = _EXTENSION.checks()  # whether it builds; whether cpu_dynamic_routing handles (u, weight)
 
 
 # ------------------------------------------------------------------------------------------------ custom ops

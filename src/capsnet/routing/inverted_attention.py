@@ -16,6 +16,10 @@ one uniform pass up the stack, then every iteration updates every layer from the
 the layers below and above it; :func:`concurrent_routing` does that. A layer called on its own routes
 sequentially: `iterations` passes, each from its own previous output.
 
+On CPUs the layers run every pass of a call, votes included, as one fused kernel with an analytic backward
+(:mod:`capsnet.routing.inverted_attention_cpu`); elsewhere, with `layer.fast = False`, or where the kernel cannot be
+built, they use :func:`inverted_attention_step` below, the reference the kernel is tested against.
+
 :class:`InvertedAttentionFC` connects every child to every parent; :class:`InvertedAttentionConv` connects the
 children in a k×k window (all input types) to the parents at that location, with weights shared over locations.
 """
@@ -29,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import inverted_attention_cpu as ia_cpu
 from .base import RoutingOutput, check_capsules, check_sizes, matrix_votes, matrix_weight_shape, votes
 
 
@@ -49,9 +54,12 @@ def inverted_attention_step(
 
 
 class _InvertedAttention(nn.Module):
-    """Shared parts: the weights, the LayerNorm of Eq. 4, the number of sequential iterations."""
+    """Shared parts: the weights, the LayerNorm of Eq. 4, the number of sequential iterations, and the choice of
+    the fused CPU kernel (`fast`, default True; False: the PyTorch reference, which also allows double backward)."""
 
     matrix_pose: bool
+    scale: float
+    fast: bool = True
 
     def _init_weights(self, n_in: int, n_out: int, d_in: int, d_out: int, matrix_pose: bool, fan_in: int) -> None:
         shape = matrix_weight_shape(type(self).__name__, n_in, n_out, d_in, d_out, matrix_pose)
@@ -64,6 +72,21 @@ class _InvertedAttention(nn.Module):
     def votes(self, u: torch.Tensor) -> torch.Tensor:
         """Eq. 1: v_ij = W_ij · p_i for u [N, n_in, d_in] -> [N, n_in, n_out, d_out]."""
         return matrix_votes(self.weight, u) if self.matrix_pose else votes(self.weight, u)
+
+    def passes(
+        self, u: torch.Tensor, parent: torch.Tensor | None, steps: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """`steps` passes of Procedure 1 on children u [N, n_in, d_in] from the parents' poses [N, n_out, d_out]
+        (None: p_j = 0). Returns the last poses [N, n_out, d_out] and routing coefficients r [N, n_in, n_out]."""
+        if self.fast and ia_cpu.applicable(u, self.weight):
+            return ia_cpu.cpu_inverted_attention(
+                u, self.weight, self.norm, parent, steps, scale=self.scale, matrix_pose=self.matrix_pose
+            )
+        v = self.votes(u)  # computed once, reused by every pass
+        for _ in range(steps):
+            parent, r = inverted_attention_step(v, parent, self.norm, scale=self.scale)
+        assert parent is not None  # at least one step ran
+        return parent, r
 
 
 class InvertedAttentionFC(_InvertedAttention):
@@ -93,8 +116,7 @@ class InvertedAttentionFC(_InvertedAttention):
     def route(self, u: torch.Tensor, parent: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass of Procedure 1 from the parents' current poses (None: the uniform first pass). A capsule grid
         [B, T, H, W, d] (a convolutional layer's output) is read as T·H·W capsules."""
-        u = u.flatten(1, 3) if u.dim() == 5 else u
-        return inverted_attention_step(self.votes(u), parent, self.norm, scale=self.scale)
+        return self.passes(u.flatten(1, 3) if u.dim() == 5 else u, parent, 1)
 
     def forward(
         self, u: torch.Tensor, a: torch.Tensor | None = None, *, parent: torch.Tensor | None = None,
@@ -105,12 +127,8 @@ class InvertedAttentionFC(_InvertedAttention):
         check_capsules("InvertedAttentionFC", u, self.in_caps, self.in_d)
         if a is not None:
             raise ValueError("InvertedAttentionFC takes no input activations (pass a=None)")
-        v = self.votes(u)  # computed once, reused by every iteration
-        steps = 1 if parent is not None else self.iterations
-        for _ in range(steps):
-            parent, r = inverted_attention_step(v, parent, self.norm, scale=self.scale)
-        assert parent is not None  # at least one step ran
-        return RoutingOutput(parent, r) if return_weights else parent
+        p, r = self.passes(u, parent, 1 if parent is not None else self.iterations)
+        return RoutingOutput(p, r) if return_weights else p
 
 
 class InvertedAttentionConv(_InvertedAttention):
@@ -152,19 +170,20 @@ class InvertedAttentionConv(_InvertedAttention):
     def _grid(self, p: torch.Tensor, b: int, ho: int, wo: int) -> torch.Tensor:
         return p.view(b, ho, wo, self.out_types, self.d).permute(0, 3, 1, 2, 4)  # [B, T', H', W', d]
 
-    def route(self, u: torch.Tensor, parent: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(
+        self, u: torch.Tensor, parent: torch.Tensor | None, steps: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """`steps` passes from the parents' poses [B, T', H', W', d] (None: p_j = 0) -> the new poses and the
+        routing coefficients [B, H'·W', k·k·T, T']."""
         children, ho, wo = self._windows(u)
         if parent is not None:  # [B, T', H', W', d] -> [B·H'·W', T', d]
             parent = parent.permute(0, 2, 3, 1, 4).reshape(-1, self.out_types, self.d)
-        p, r = inverted_attention_step(self.votes(children), parent, self.norm, scale=self.scale)
+        p, r = self.passes(children, parent, steps)
         return self._grid(p, u.shape[0], ho, wo), r.view(u.shape[0], ho * wo, *r.shape[1:])
 
     def forward(self, u: torch.Tensor, *, parent: torch.Tensor | None = None) -> torch.Tensor:
         """u [B, in_types, H, W, d] -> [B, out_types, H', W', d]; `parent` as in :class:`InvertedAttentionFC`."""
-        for _ in range(1 if parent is not None else self.iterations):
-            parent, _ = self.route(u, parent)
-        assert parent is not None  # at least one step ran
-        return parent
+        return self.route(u, parent, 1 if parent is not None else self.iterations)[0]
 
 
 def concurrent_routing(

@@ -14,6 +14,10 @@ parents' activations of a fully connected layer sum to 1: a distribution over th
 :class:`SelfRoutingFC` connects every child to every parent; :class:`SelfRoutingConv` the children in a k×k window
 (all input types) to the parents at that location, weights shared over locations, and the sums over i above run
 over the window.
+
+Both run :func:`capsnet.routing.self_routing_fast.fast_self_routing` by default (`fast=True`): the same function
+without the votes, as large-K GEMMs with a hand-derived backward (differentiable once; set `layer.fast = False`
+for double backward). :func:`self_routing` below, the paper's computation as written, is the reference.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import RoutingOutput, check_capsules, check_sizes, matrix_votes, matrix_weight_shape, votes
+from .self_routing_fast import fast_self_routing
 
 EPS = 1e-8  # keeps the two divisions finite where every activation is 0
 
@@ -52,6 +57,12 @@ def self_routing(
 
 
 class _SelfRouting(nn.Module):
+    fast: bool  # fast_self_routing (the constructors' `fast`); False: the reference self_routing
+
+    def _route(self, u: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        route = fast_self_routing if self.fast else self_routing
+        return route(u, a, self.pose_weight, self.route_weight, self.route_bias, matrix_pose=self.matrix_pose)
+
     def _init_weights(self, n_in: int, n_out: int, d_in: int, d_out: int, matrix_pose: bool, pose_out: bool = True):
         self.matrix_pose = matrix_pose  # W^pose_ij a √d×√d matrix acting on √d×√d pose matrices (the paper's 4×4)
         shape = matrix_weight_shape(type(self).__name__, n_in, n_out, d_in, d_out, matrix_pose)
@@ -71,12 +82,14 @@ class SelfRoutingFC(_SelfRouting):
     """
 
     def __init__(
-        self, in_caps: int, out_caps: int, in_d: int, out_d: int, *, matrix_pose: bool = False, pose_out: bool = True
-    ):
+        self, in_caps: int, out_caps: int, in_d: int, out_d: int, *, matrix_pose: bool = False, pose_out: bool = True,
+        fast: bool = True,
+    ):  # fmt: skip
         super().__init__()
         check_sizes("SelfRoutingFC", in_caps, out_caps, in_d, out_d)
         self.in_caps, self.out_caps, self.in_d, self.out_d = in_caps, out_caps, in_d, (out_d if pose_out else 1)
         self._init_weights(in_caps, out_caps, in_d, out_d, matrix_pose, pose_out)
+        self.fast = fast
 
     def extra_repr(self) -> str:
         return f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}"
@@ -88,8 +101,7 @@ class SelfRoutingFC(_SelfRouting):
         a = a.flatten(1, 3) if a is not None and a.dim() == 4 else a
         check_capsules("SelfRoutingFC", u, self.in_caps, self.in_d, a)
         a = u.new_ones(u.shape[:2]) if a is None else a.to(u.dtype)
-        pose, a_out, c = self_routing(u, a, self.pose_weight, self.route_weight, self.route_bias,
-                                      matrix_pose=self.matrix_pose)  # fmt: skip
+        pose, a_out, c = self._route(u, a)
         pose = a_out.unsqueeze(-1) if pose is None else pose
         return RoutingOutput(pose, c, a_out) if return_weights else pose
 
@@ -100,13 +112,14 @@ class SelfRoutingConv(_SelfRouting):
 
     def __init__(
         self, in_types: int, out_types: int, in_d: int, out_d: int, kernel_size: int = 3, stride: int = 1, *,
-        matrix_pose: bool = False,
+        matrix_pose: bool = False, fast: bool = True,
     ):  # fmt: skip
         super().__init__()
         check_sizes("SelfRoutingConv", in_types, out_types, in_d, out_d, kernel_size, stride)
         self.in_types, self.out_types, self.in_d, self.out_d = in_types, out_types, in_d, out_d
         self.k, self.stride = kernel_size, stride
         self._init_weights(in_types * kernel_size * kernel_size, out_types, in_d, out_d, matrix_pose)
+        self.fast = fast
 
     def extra_repr(self) -> str:
         return (f"in_types={self.in_types}, out_types={self.out_types}, in_d={self.in_d}, out_d={self.out_d}, "
@@ -124,8 +137,7 @@ class SelfRoutingConv(_SelfRouting):
         both = torch.cat([u.permute(0, 1, 4, 2, 3), a.unsqueeze(2)], dim=2).reshape(b, t * (d + 1), h, w)
         cols = F.unfold(both, self.k, stride=self.stride).view(b, t, d + 1, kk, ho * wo)
         cols = cols.permute(0, 4, 1, 3, 2).reshape(b * ho * wo, t * kk, d + 1)  # children per location
-        pose, a_out, _ = self_routing(cols[..., :d], cols[..., d], self.pose_weight, self.route_weight,
-                                      self.route_bias, matrix_pose=self.matrix_pose)  # fmt: skip
+        pose, a_out, _ = self._route(cols[..., :d], cols[..., d])
         assert pose is not None  # this layer has pose weights, so it always returns poses
         pose = pose.view(b, ho, wo, self.out_types, self.out_d).permute(0, 3, 1, 2, 4)
         return pose, a_out.view(b, ho, wo, self.out_types).permute(0, 3, 1, 2)

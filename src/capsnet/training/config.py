@@ -27,7 +27,8 @@ class TrainConfig:
         default="auto",
         metadata={
             "help": "training augmentation: auto (the data set's default, shown by `capsnet data info`), none, "
-            "or a comma list of shift=N, crop=H[xW], flip, brightness=D, contrast=LO:HI, standardize"
+            "or a comma list of shift=N, crop=H[xW], flip, brightness=D, contrast=LO:HI, rotate=DEG, zoom=LO:HI, "
+            "standardize"
         },
     )
     image_size: str | None = field(

@@ -142,7 +142,8 @@ def build(config: TrainConfig, model_config, device: torch.device, dist, task: T
     model_class = MODELS[config.model]
     saved = load_state(run_dir, map_location=device) if config.resume else None
     if saved is not None:  # the run's model is the one saved with it
-        model_config = from_dict(model_class.config_class, saved["model_config"], what=f"{run_dir}/{STATE_NAME}")
+        saved_config = {**getattr(model_class, "saved_defaults", {}), **saved["model_config"]}  # older runs' keys
+        model_config = from_dict(model_class.config_class, saved_config, what=f"{run_dir}/{STATE_NAME}")
     if model_config is not None and not isinstance(model_config, model_class.config_class):
         raise ConfigError(f"model {config.model!r} takes a {model_class.config_class.__name__}")
     model_config = model_config or model_class.config_class()

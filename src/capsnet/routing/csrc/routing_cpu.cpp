@@ -30,58 +30,11 @@
 #include <optional>
 #include <vector>
 
+#include "routing_common.h"  // kBlock, exp_inplace, votes, add_weighted_votes, votes_backward_input
+
 namespace {
 
-constexpr int64_t kBlock = 32;  // input capsules per block (softmax batch, and the partial sums over i)
-constexpr double kEps = 1e-8;   // inside the squash's square root, as capsnet.nn.squash
-
-// --- exp for softmax inputs x ≤ 0, written so that GCC vectorizes the loop -----------------------------------
-// x = k·ln2 + r, |r| ≤ ln2/2 (Cody–Waite split of ln2); exp(r) by its Taylor series (relative error < 2e-16 for
-// double with degree 12, < 1e-8 for float with degree 7); 2^k from the exponent bits.
-inline void exp_inplace(double* __restrict x, int64_t n) {
-  const double log2e = 1.4426950408889634, ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
-#pragma omp simd
-  for (int64_t k = 0; k < n; ++k) {
-    const double xv = std::max(x[k], -708.0);
-    const double kf = std::floor(xv * log2e + 0.5);
-    const double r = (xv - kf * ln2_hi) - kf * ln2_lo;
-    double p = 1.0 / 479001600.0;
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    const int64_t bits = (static_cast<int64_t>(kf) + 1023) << 52;
-    x[k] = p * __builtin_bit_cast(double, bits);
-  }
-}
-
-inline void exp_inplace(float* __restrict x, int64_t n) {
-  const float log2e = 1.44269504f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
-#pragma omp simd
-  for (int64_t k = 0; k < n; ++k) {
-    const float xv = std::max(x[k], -87.0f);
-    const float kf = std::floor(xv * log2e + 0.5f);
-    const float r = (xv - kf * ln2_hi) - kf * ln2_lo;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const int32_t bits = (static_cast<int32_t>(kf) + 127) << 23;
-    x[k] = p * __builtin_bit_cast(float, bits);
-  }
-}
+constexpr double kEps = 1e-8;  // inside the squash's square root, as capsnet.nn.squash
 
 // Eq. 1 for each of the J rows of s [J, M]: v = s · q / ((1 + q) · sqrt(q + eps)), q = |s|².
 template <typename T>
@@ -115,41 +68,6 @@ void squash_backward_rows(const T* __restrict s, const T* __restrict dv, T* __re
   }
 }
 
-// Eq. 2 for one sample: û[i, j, :] = Σ_n u[i, n] W[i, j, n, :].  u [I, N], W [I, J, N, M], uh [I, J, M].
-// If s0 is given, also s0 = Σ_i û_j|i  [J, M] (the first pass's sum, before the 1/J), in blocks of kBlock.
-template <typename T, int MC>
-void votes(const T* __restrict u, const T* __restrict W, T* __restrict uh, T* __restrict s0, T* __restrict part,
-           int64_t I, int64_t J, int64_t N, int64_t M_) {
-  const int64_t M = MC > 0 ? MC : M_;  // out_d, a compile-time constant for the common sizes
-  const int64_t JM = J * M;
-  if (s0 != nullptr) std::fill(s0, s0 + JM, T(0));
-  for (int64_t i0 = 0; i0 < I; i0 += kBlock) {
-    const int64_t i1 = std::min(I, i0 + kBlock);
-    if (s0 != nullptr) std::fill(part, part + JM, T(0));
-    for (int64_t i = i0; i < i1; ++i) {
-      const T* __restrict ui = u + i * N;
-      for (int64_t j = 0; j < J; ++j) {
-        const T* __restrict w = W + (i * J + j) * N * M;
-        T* __restrict out = uh + (i * J + j) * M;
-#pragma omp simd
-        for (int64_t m = 0; m < M; ++m) out[m] = ui[0] * w[m];
-        for (int64_t n = 1; n < N; ++n) {
-#pragma omp simd
-          for (int64_t m = 0; m < M; ++m) out[m] += ui[n] * w[n * M + m];
-        }
-      }
-      if (s0 != nullptr) {
-        const T* __restrict row = uh + i * JM;
-#pragma omp simd
-        for (int64_t k = 0; k < JM; ++k) part[k] += row[k];
-      }
-    }
-    if (s0 != nullptr) {
-#pragma omp simd
-      for (int64_t k = 0; k < JM; ++k) s0[k] += part[k];
-    }
-  }
-}
 
 // Procedure 1 for all samples.  Outputs: v [B, J, M], s_all [B, r, J, M], c_all [r-1, B, I, J].
 template <typename T, int MC>
@@ -162,7 +80,7 @@ void forward_impl(const T* u, const T* W, T* v, T* s_all, T* c_all, int64_t B, i
     for (int64_t b = begin; b < end; ++b) {
       T* s = s_all + b * r * JM;
       // t = 0: c_ij = 1/J, s_0 = (1/J) Σ_i û_j|i, computed with the votes.
-      votes<T, MC>(u + b * I * N, W, uh.data(), s, part.data(), I, J, N, M);
+      votes<T, MC, 0, false>(u + b * I * N, W, uh.data(), s, part.data(), nullptr, I, J, N, M);
       for (int64_t k = 0; k < JM; ++k) s[k] /= T(J);
       for (int64_t t = 1; t < r; ++t) {
         const T* __restrict sp = s + (t - 1) * JM;
@@ -198,18 +116,7 @@ void forward_impl(const T* u, const T* W, T* v, T* s_all, T* c_all, int64_t B, i
             for (int64_t j = 0; j < J; ++j) ct[i * J + j] /= sum;
           }
           // s_j += Σ_(i in block) c_ij û_j|i
-          std::fill(part.begin(), part.end(), T(0));
-          T* __restrict pp = part.data();
-          for (int64_t i = i0; i < i1; ++i) {
-            for (int64_t j = 0; j < J; ++j) {
-              const T cij = ct[i * J + j];
-              const T* __restrict x = uh.data() + (i * J + j) * M;
-#pragma omp simd
-              for (int64_t m = 0; m < M; ++m) pp[j * M + m] += cij * x[m];
-            }
-          }
-#pragma omp simd
-          for (int64_t k = 0; k < JM; ++k) st[k] += pp[k];
+          add_weighted_votes<T, MC>(ct, uh.data(), part.data(), st, i0, i1, J, M);
         }
       }
       squash_rows(s + (r - 1) * JM, v + b * JM, J, M);
@@ -235,7 +142,7 @@ void backward_factors(const T* u, const T* W, const T* s_all, const T* c_all, co
       for (int64_t t = 0; t < r; ++t) squash_rows(s + t * JM, v_all + (b * r + t) * JM, J, M);
       squash_backward_rows(s + (r - 1) * JM, gv ? gv + b * JM : nullptr, ds + (r - 1) * JM, J, M);
       if (!through_routing) continue;
-      votes<T, MC>(u + b * I * N, W, uh.data(), nullptr, nullptr, I, J, N, M);
+      votes<T, MC, 0, false>(u + b * I * N, W, uh.data(), nullptr, nullptr, nullptr, I, J, N, M);
       for (int64_t t = r - 1; t >= 1; --t) {
         const T* __restrict ct = c_all + ((t - 1) * B + b) * IJ;
         const T* __restrict gnext = t < r - 1 ? g_all + (t * B + b) * IJ : nullptr;
@@ -324,21 +231,8 @@ void backward_inputs(const T* u, const T* W, const T* c_all, const T* ds_all, co
       }
       const T* __restrict wi = W + i * JNM;
       if (du != nullptr) {
-        for (int64_t b = 0; b < B; ++b) {
-          const T* __restrict dh = dhat.data() + b * JM;
-          for (int64_t k = 0; k < NM; ++k) a[k] = 0;
-          for (int64_t j = 0; j < J; ++j) {
-            for (int64_t n = 0; n < N; ++n) {
-#pragma omp simd
-              for (int64_t m = 0; m < M; ++m) a[n * M + m] += wi[(j * N + n) * M + m] * dh[j * M + m];
-            }
-          }
-          for (int64_t n = 0; n < N; ++n) {
-            T sum = 0;
-            for (int64_t m = 0; m < M; ++m) sum += a[n * M + m];
-            du[(b * I + i) * N + n] = sum;
-          }
-        }
+        for (int64_t b = 0; b < B; ++b)
+          votes_backward_input<T, MC, NC>(wi, dhat.data() + b * JM, a, du + (b * I + i) * N, J, N, M);
       }
       if (dW != nullptr) {
         for (int64_t j = 0; j < J; ++j) {
@@ -361,16 +255,7 @@ void backward_inputs(const T* u, const T* W, const T* c_all, const T* ds_all, co
 
 // Calls the kernel with MC_ = M, NC_ = N as compile-time constants for the paper's capsule sizes (8D → 16D), else
 // with MC_ = NC_ = 0 (runtime sizes). (Uses N from the enclosing scope.)
-#define FOR_M(M, ...)                 \
-  do {                                \
-    if ((M) == 16 && N == 8) {        \
-      constexpr int MC_ = 16, NC_ = 8; \
-      __VA_ARGS__;                    \
-    } else {                          \
-      constexpr int MC_ = 0, NC_ = 0; \
-      __VA_ARGS__;                    \
-    }                                 \
-  } while (0)
+#define FOR_M(M, ...) CAPSNET_WITH_SIZES((M) == 16 && N == 8, 16, 8, __VA_ARGS__)
 
 void check_inputs(const at::Tensor& u, const at::Tensor& W) {
   TORCH_CHECK(u.device().is_cpu() && W.device().is_cpu(), "routing_cpu: CPU tensors expected");

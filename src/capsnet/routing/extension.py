@@ -1,0 +1,154 @@
+"""The C++ CPU kernels of capsnet.routing, compiled at first use.
+
+Each kernel is one C++ file in ``csrc/`` (``routing_cpu.cpp``: dynamic routing; ``inverted_attention_cpu.cpp``:
+inverted dot-product attention routing); the building blocks they share are in ``csrc/routing_common.h``, which is
+spliced into a kernel's text in place of its ``#include "routing_common.h"`` line (:func:`extension_source`). The
+text is compiled with ``torch.utils.cpp_extension.load_inline`` (``-O3 -march=native -fopenmp``, or without
+``-march=native`` if that fails; needs a C++ compiler and ninja) and cached in torch's extension directory under a
+name that carries a hash of the CPU model and of the whole text (:func:`extension_name`): a change to the kernel or
+to the header gets a fresh build, never a stale one, and a cache shared between machines cannot hand one CPU code
+built for another.
+
+:class:`LazyExtension` builds a kernel once per process (thread-safe); if it cannot be built, its `load` returns
+None after one warning, and the layers use their PyTorch computation. ``CAPSNET_NO_EXT=1`` disables the kernels.
+A kernel's module (e.g. :mod:`capsnet.routing.dynamic_cpu`) exposes `load`, `available` and `applicable` from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+import shutil
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+CSRC = Path(__file__).with_name("csrc")
+_LOCAL_INCLUDE = re.compile(r'^#include "([\w.]+)"[^\n]*$', re.MULTILINE)
+
+
+def _ensure_ninja_on_path() -> None:
+    """torch's cpp_extension runs `ninja` from PATH; the `ninja` pip package may sit in an inactive venv."""
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja  # the PyPI package ships the binary in ninja.BIN_DIR
+    except ImportError:
+        return
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def _cpu_model() -> str:
+    """The CPU's model name and instruction-set flags (what -march=native depends on)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            lines = {line for line in f if line.startswith(("model name", "flags", "Features"))}
+    except OSError:
+        lines = set()
+    return "".join(sorted(lines)) or platform.processor() or platform.machine()
+
+
+def extension_source(source_path: Path) -> str:
+    """The text of the C++ file `source_path` with each `#include "name"` line replaced by the text of the file
+    `name` beside it (one level: the headers include only system headers)."""
+
+    def header(include: re.Match[str]) -> str:
+        return (source_path.parent / include.group(1)).read_text().rstrip("\n")
+
+    return _LOCAL_INCLUDE.sub(header, source_path.read_text())
+
+
+def extension_name(prefix: str, source: str, cpu: str | None) -> str:
+    """`prefix_<hash>`: the hash covers the source text and the CPU model (None: the generic build)."""
+    key = hashlib.sha1(f"{cpu or 'generic'}\n{source}".encode()).hexdigest()[:12]
+    return f"{prefix}_{key}" if cpu is not None else f"{prefix}_generic_{key}"
+
+
+def build_extension(source_path: Path, prefix: str, verbose: bool = False) -> ModuleType:
+    """Compile the C++ file `source_path` (headers spliced in) with -march=native, else without; the extension is
+    named by :func:`extension_name`. Raises RuntimeError if neither builds."""
+    from torch.utils.cpp_extension import load_inline
+
+    _ensure_ninja_on_path()
+    source = extension_source(source_path)
+    errors = []
+    variants = (
+        (extension_name(prefix, source, _cpu_model()), ["-O3", "-march=native", "-mprefer-vector-width=512"]),
+        (extension_name(prefix, source, None), ["-O3"]),
+    )
+    for name, flags in variants:
+        try:
+            return load_inline(
+                name=name,
+                cpp_sources=[source],
+                extra_cflags=[*flags, "-fopenmp", "-std=c++17"],
+                extra_ldflags=["-fopenmp"],
+                verbose=verbose,
+            )
+        except Exception as e:  # compiler/flag/ninja problems: try the next flags, then give up
+            errors.append(f"{name}: {type(e).__name__}: {e}")
+    raise RuntimeError("; ".join(errors))
+
+
+class LazyExtension:
+    """The kernel `csrc/<name>.cpp`, built as `capsnet_<name>_…` by :func:`build_extension` at the first
+    :meth:`load` and kept. `what` names it in messages ("the fused CPU routing kernel"), `fallback` what runs
+    instead if it does not build."""
+
+    def __init__(self, name: str, *, what: str, fallback: str):
+        self.source_path, self.prefix = CSRC / f"{name}.cpp", f"capsnet_{name}"
+        self.what, self.fallback = what, fallback
+        self._lock = threading.Lock()
+        self._tried = False
+        self._module: ModuleType | None = None
+        self._error = ""
+
+    def load(self, verbose: bool = False, *, raise_errors: bool = False) -> ModuleType | None:
+        """The compiled extension, building it on the first call (thread-safe); None if disabled or unbuildable
+        (one warning, or RuntimeError with `raise_errors`)."""
+        if os.environ.get("CAPSNET_NO_EXT", "") not in ("", "0"):
+            return None
+        if not self._tried:
+            with self._lock:
+                if not self._tried:
+                    try:
+                        self._module = build_extension(self.source_path, self.prefix, verbose)
+                    except Exception as e:
+                        self._error = f"{type(e).__name__}: {e}"
+                        if not raise_errors:
+                            warnings.warn(
+                                f"capsnet: {self.what} could not be built; using {self.fallback} instead "
+                                f"({str(e)[:300]})",
+                                RuntimeWarning,
+                                stacklevel=3,  # the caller of the kernel module's available() (or load())
+                            )
+                    self._tried = True
+        if self._module is None and raise_errors:
+            raise RuntimeError(f"capsnet: cannot build {self.what}: {self._error}")
+        return self._module
+
+    def kernel(self) -> ModuleType:
+        """The loaded extension; a build failure raises (as `load(raise_errors=True)`)."""
+        module = self.load(raise_errors=True)
+        if module is None:  # CAPSNET_NO_EXT: callers check `available()` first, so this is a bug if it happens
+            raise RuntimeError(f"capsnet: {self.what} is disabled (CAPSNET_NO_EXT)")
+        return module
+
+    def checks(self) -> tuple[Callable[[], bool], Callable[[torch.Tensor, torch.Tensor], bool]]:
+        """The kernel module's `available()`, whether the kernel can be used (builds it on the first call), and
+        `applicable(u, weight)`, whether it handles these inputs (CPU tensors, and the kernel builds)."""
+
+        @torch.compiler.assume_constant_result
+        def available() -> bool:  # torch.compile takes the answer as a constant: the lock and build stay untraced
+            return self.load() is not None
+
+        def applicable(u: torch.Tensor, weight: torch.Tensor) -> bool:
+            return u.device.type == "cpu" and weight.device.type == "cpu" and available()
+
+        return available, applicable

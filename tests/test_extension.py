@@ -1,0 +1,78 @@
+"""capsnet.routing.extension without a compiler: the kernels' source with the shared header spliced in, extension
+names that change with any source file, and the lazy loader's fallback (one warning) and CAPSNET_NO_EXT."""
+
+import re
+import shutil
+import warnings
+
+import pytest
+import torch
+
+from capsnet.routing import extension
+from capsnet.routing.extension import CSRC, LazyExtension, extension_name, extension_source
+
+KERNELS = ("routing_cpu", "inverted_attention_cpu")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_shared_header_is_spliced_into_each_kernel(kernel):
+    raw = (CSRC / f"{kernel}.cpp").read_text()
+    assert '#include "routing_common.h"' in raw
+    source = extension_source(CSRC / f"{kernel}.cpp")
+    assert not re.search(r'^#include "', source, flags=re.MULTILINE)
+    assert (CSRC / "routing_common.h").read_text() in source
+    assert source.count("exp_inplace(T* __restrict x") == 1  # one exp, from the header
+    header_lines = len((CSRC / "routing_common.h").read_text().splitlines())
+    assert len(source.splitlines()) == len(raw.splitlines()) - 1 + header_lines
+
+
+def test_the_extension_name_changes_with_every_source_file(tmp_path):
+    csrc = tmp_path / "csrc"
+    shutil.copytree(CSRC, csrc)
+
+    def names() -> tuple[str, str]:
+        source = extension_source(csrc / "routing_cpu.cpp")
+        return extension_name("capsnet_routing_cpu", source, "cpu model"), extension_name("p", source, None)
+
+    first = names()
+    assert first == names() and first[0].startswith("capsnet_routing_cpu_") and first[1].startswith("p_generic_")
+    assert first[0].isidentifier() and first[0] != extension_name("capsnet_routing_cpu", "", "another cpu")
+    with open(csrc / "routing_common.h", "a", encoding="utf-8") as f:
+        f.write("// an edit of the header\n")
+    second = names()
+    assert second[0] != first[0] and second[1] != first[1]
+    with open(csrc / "routing_cpu.cpp", "a", encoding="utf-8") as f:
+        f.write("// an edit of the kernel\n")
+    assert names()[0] not in (first[0], second[0])
+
+
+def test_a_kernel_that_does_not_build_warns_once_and_falls_back(monkeypatch):
+    monkeypatch.delenv("CAPSNET_NO_EXT", raising=False)
+    calls = []
+
+    def fail(source_path, prefix, verbose=False):
+        calls.append(prefix)
+        raise OSError("no compiler")
+
+    monkeypatch.setattr(extension, "build_extension", fail)
+    ext = LazyExtension("routing_cpu", what="the test kernel", fallback="plain ops")
+    available, _ = ext.checks()
+    with pytest.warns(RuntimeWarning, match="the test kernel could not be built; using plain ops instead"):
+        assert ext.load() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not available() and ext.load() is None  # built once: no second try, no second warning
+    assert calls == ["capsnet_routing_cpu"]
+    with pytest.raises(RuntimeError, match="cannot build the test kernel: OSError: no compiler"):
+        ext.kernel()
+    monkeypatch.setenv("CAPSNET_NO_EXT", "1")
+    with pytest.raises(RuntimeError, match="disabled"):
+        ext.kernel()
+
+
+def test_no_ext_disables_a_kernel_without_building_it(monkeypatch):
+    monkeypatch.setenv("CAPSNET_NO_EXT", "1")
+    monkeypatch.setattr(extension, "build_extension", lambda *a, **k: pytest.fail("built despite CAPSNET_NO_EXT"))
+    ext = LazyExtension("inverted_attention_cpu", what="k", fallback="f")
+    available, applicable = ext.checks()
+    assert ext.load() is None and not available() and not applicable(torch.zeros(1), torch.zeros(1))
