@@ -11,6 +11,7 @@ from capsnet.cli import main
 from capsnet.models import EMCapsNet, load_pretrained
 from capsnet.models.em_capsnet import SMALL, receptive_field_centres
 from capsnet.nn.losses import SpreadLoss, spread_margin
+from capsnet.routing import em_conv
 from capsnet.routing.em import em_routing, inverse_temperature
 from capsnet.routing.matrix_capsules import ClassCaps, ConvCaps, PrimaryMatrixCaps
 
@@ -58,6 +59,39 @@ def test_conv_caps_matches_loop_reference(stride, iterations):
     assert ref[1].std() > 1e-3  # the activations differ between parents: the comparison is not vacuous
     for g, gr in zip(_grads(out, [poses, acts, *params]), _grads(ref, [poses, acts, *params])):
         torch.testing.assert_close(g, gr, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("images_per_chunk", [1, 2])
+def test_conv_caps_in_chunks_matches_loop_reference_and_em_routing(images_per_chunk, monkeypatch):
+    """ConvCaps forms its votes and routes a few images at a time (routing.em_conv); batch 3 in chunks of 1 or 2
+    (the last one short) gives the loop reference's values and gradients, and em_routing's on the einsum votes."""
+    layer = _conv_layer(stride=2, iterations=3)
+    poses, acts = _capsules(3, 5, 2)
+    p, j, i = 2 * 2, 3, 9 * 2
+    monkeypatch.setattr(em_conv, "CHUNK_BYTES", images_per_chunk * p * j * i * 32 * 8)  # U of n images, float64
+    params = [layer.weight, layer.beta_u, layer.beta_a]
+    out = layer(poses, acts)
+    ref = [conv_caps_reference(poses[b], acts[b], *params, kernel_size=3, stride=2, iterations=3) for b in range(3)]
+    ref = torch.stack([r[0] for r in ref]), torch.stack([r[1] for r in ref])
+    for x, y in zip(out, ref):
+        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
+    for g, gr in zip(_grads(out, [poses, acts, *params]), _grads(ref, [poses, acts, *params])):
+        torch.testing.assert_close(g, gr, rtol=1e-5, atol=1e-7)
+    # every output, R and the logits included, against em_routing on votes formed by einsum
+    res, _ = layer.route(poses, acts)
+    pos, child = layer._indices(5, 5, poses.device)
+    m = poses.reshape(3, 25, 2, 4, 4)[:, pos].reshape(3, p, i, 4, 4)
+    votes = torch.einsum("bpiac,jicd->bpjiad", m, layer.weight)
+    a = acts.reshape(3, 25, 2)[:, pos].reshape(3, p, i)
+    want = em_routing(votes, a, *params[1:], child_index=child, n_children=50)
+    weights = [torch.randn(x.shape, generator=torch.Generator().manual_seed(k), dtype=x.dtype) for k, x in
+               enumerate(want)]  # fmt: skip
+    for x, y, w in zip(res, want, weights):
+        torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-12)
+        gx = torch.autograd.grad((x * w).sum(), [poses, acts, *params], retain_graph=True)
+        gy = torch.autograd.grad((y * w).sum(), [poses, acts, *params], retain_graph=True, allow_unused=True)
+        for u, v in zip(gx, gy):
+            torch.testing.assert_close(u, torch.zeros_like(u) if v is None else v, rtol=1e-8, atol=1e-10)
 
 
 @pytest.mark.parametrize("coordinates", [True, False])

@@ -32,7 +32,8 @@ Speed. The Gaussian is an exponential family with sufficient statistics (V, V²)
 of one stacked tensor U = [V − c, (V − c)²]  [B, P, J, I, 32] built once (c: the unweighted mean vote of each
 parent, subtracted so that E[V²] − μ² does not cancel catastrophically):
 M-step: Σ_i R'_ij U_ij (a batched [1, I] @ [I, 32]); E-step: U_ij · θ_j with natural parameters
-θ_j = [μ_j/σ²_j, −1/(2σ²_j)] (a batched [I, 32] @ [32, 1]). No [B, P, J, I, 16] tensor is made per iteration.
+θ_j = [μ_j/σ²_j, −1/(2σ²_j)] (a batched [1, 32] @ [32, I]). No [B, P, J, I, 16] tensor is made per iteration.
+ConvCaps does not hand over its votes: `capsnet.routing.em_conv` forms them inside, a few images at a time.
 
 Shapes: B batch, P parent positions, J parent types, I children in a parent's receptive field (slots), h the 16
 pose components.
@@ -138,6 +139,17 @@ class _Options(NamedTuple):
     n_children: int | None
 
 
+def _contract_w(u: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """M-step: Σ_i R'_ij U_ij, a batched [1, I] @ [I, 32]  [B, P, J, 32]."""
+    return (w.unsqueeze(3) @ u).squeeze(3)
+
+
+def _contract_theta(u: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """E-step: U_ij · θ_j, written as a batched [1, 32] @ [32, I] (the [I, 32] @ [32, 1] form is ~3× slower on CPU)
+    [B, P, J, I]."""
+    return (theta.unsqueeze(3) @ u.transpose(-1, -2)).squeeze(3)
+
+
 class _Replay(torch.autograd.Function):
     """In the backward pass: returns a contraction with U saved by the forward pass; its backward gives the
     gradient for the small operand (one read of U) and stores the incoming gradient for the single ∂U contraction."""
@@ -150,16 +162,67 @@ class _Replay(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         ctx.store[ctx.t] = g
-        ut = ctx.u.transpose(-1, -2)  # [B, P, J, 32, I]
-        # Q = w U: ∂w = g Uᵀ;  E = U θ: ∂θ = Uᵀ g
-        gx = (g.unsqueeze(3) @ ut).squeeze(3) if ctx.kind == "w" else (ut @ g.unsqueeze(-1)).squeeze(-1)
-        return gx, None, None, None, None, None
+        # Q = w U: ∂w = g Uᵀ (a [1, 32] @ [32, I]);  E = U θ: ∂θ = g U (a [1, I] @ [I, 32])
+        u = ctx.u.transpose(-1, -2) if ctx.kind == "w" else ctx.u
+        return (g.unsqueeze(3) @ u).squeeze(3), None, None, None, None, None
+
+
+def _route(u, a_in, beta_u, beta_a, opts: _Options):
+    """Procedure 1 on U = [V − c, (V − c)²]  [B, P, J, I, 32]: (μ − c, logits, R, the M- and E-step contractions)."""
+    qs: list[torch.Tensor] = []
+    es: list[torch.Tensor] = []
+
+    def contract_w(t, w):
+        qs.append(_contract_w(u, w))
+        return qs[-1]
+
+    def contract_theta(t, theta):
+        es.append(_contract_theta(u, theta))
+        return es[-1]
+
+    log_r = initial_log_assignments(opts.shape[:4], opts.child_index, opts.n_children, u)
+    mu_c, logits, r = _em_loop(contract_w, contract_theta, a_in, beta_u, beta_a, log_r, opts)
+    return mu_c, logits, r, qs, es
+
+
+def _route_backward(u, leaves, qs, es, grads, opts: _Options, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The backward pass of `_route`: replays the small [B, P, J, I] graph under autograd with the saved
+    contractions (the gradients of `leaves` = (a, β_u, β_a) accumulate in their .grad) and returns
+    ∂U = Σ_t w_t ⊗ ∂Q_t + Σ_t ∂E_t ⊗ θ_t  [B, P, J, I, 32] (into `out` where given): one batched product of inner
+    size 2r − 1, instead of autograd's one ∂U per contraction summed."""
+    ws: list[torch.Tensor] = []
+    thetas: list[torch.Tensor] = []
+    g_q: dict[int, torch.Tensor] = {}
+    g_e: dict[int, torch.Tensor] = {}
+
+    def contract_w(t, w):
+        ws.append(w.detach())
+        return _Replay.apply(w, qs[t], u, g_q, t, "w")
+
+    def contract_theta(t, theta):
+        thetas.append(theta.detach())
+        return _Replay.apply(theta, es[t], u, g_e, t, "theta")
+
+    with torch.enable_grad():
+        log_r = initial_log_assignments(opts.shape[:4], opts.child_index, opts.n_children, u)
+        a_leaf, beta_u_leaf, beta_a_leaf = leaves
+        mu_c, logits, r = _em_loop(contract_w, contract_theta, a_leaf, beta_u_leaf, beta_a_leaf, log_r, opts)
+        outs = [(mu_c, grads[0]), (torch.sigmoid(logits), grads[1]), (logits, grads[2]), (r, grads[3])]
+        outs = [(o, g) for o, g in outs if g is not None and o.requires_grad]
+        if outs:
+            torch.autograd.backward([o for o, _ in outs], [g for _, g in outs])
+    zeros_q, zeros_e = torch.zeros_like(qs[0]), torch.zeros_like(ws[0])
+    left = torch.stack(ws + [g_e.get(t, zeros_e) for t in range(len(thetas))], dim=-2)  # [B, P, J, 2r−1, I]
+    right = torch.stack([g_q.get(t, zeros_q) for t in range(len(ws))] + thetas, dim=-2)  # [B, P, J, 2r−1, 32]
+    k, (i, n) = left.shape[-2], u.shape[-2:]
+    if out is None:
+        out = u.new_empty(u.shape)
+    torch.bmm(left.view(-1, k, i).transpose(1, 2), right.view(-1, k, n), out=out.view(-1, i, n))  # leftᵀ @ right
+    return out
 
 
 class _EMRouting(torch.autograd.Function):
-    """EM routing with a hand-made outer backward: the small tensors' graph is replayed under autograd, and the
-    gradient of U = [V − c, (V − c)²] is formed once, ∂U = Σ_t w_t ⊗ ∂Q_t + Σ_t ∂E_t ⊗ θ_t (one batched matmul of
-    inner size 2r − 1), instead of one [B, P, J, I, 32] gradient per contraction summed by autograd."""
+    """EM routing on given votes, with a hand-made outer backward (`_route_backward`)."""
 
     @staticmethod
     def forward(ctx, votes, a_in, beta_u, beta_a, opts: _Options):
@@ -169,18 +232,7 @@ class _EMRouting(torch.autograd.Function):
         u = votes.new_empty(*opts.shape[:4], 2 * h)  # sufficient statistics [V − c, (V − c)²]  [B, P, J, I, 32]
         torch.sub(votes, c, out=u[..., :h].view(votes.shape))
         torch.mul(u[..., :h], u[..., :h], out=u[..., h:])
-        qs, es = [], []
-
-        def contract_w(t, w):  # Σ_i R'_ij U_ij, a batched [1, I] @ [I, 32]
-            qs.append((w.unsqueeze(3) @ u).squeeze(3))
-            return qs[-1]
-
-        def contract_theta(t, theta):  # U_ij · θ_j, a batched [I, 32] @ [32, 1]
-            es.append((u @ theta.unsqueeze(-1)).squeeze(-1))
-            return es[-1]
-
-        log_r = initial_log_assignments(opts.shape[:4], opts.child_index, opts.n_children, u)
-        mu_c, logits, r = _em_loop(contract_w, contract_theta, a_in, beta_u, beta_a, log_r, opts)
+        mu_c, logits, r, qs, es = _route(u, a_in, beta_u, beta_a, opts)
         ctx.opts, ctx.votes_shape = opts, votes.shape
         ctx.save_for_backward(u, a_in, beta_u, beta_a, *qs, *es)
         poses = mu_c + c.reshape(*opts.shape[:3], h)  # μ_j  [B, P, J, 16]
@@ -188,43 +240,16 @@ class _EMRouting(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, g_poses, g_acts, g_logits, g_r):
+    def backward(ctx, *grads):
         opts = ctx.opts
         u, a_in, beta_u, beta_a, *saved = ctx.saved_tensors
         qs, es = saved[: opts.iterations], saved[opts.iterations :]
-        needs = ctx.needs_input_grad[1:4]
-        leaves = [x.detach().requires_grad_(need) for x, need in zip((a_in, beta_u, beta_a), needs)]
-        ws: list[torch.Tensor] = []
-        thetas: list[torch.Tensor] = []
-        g_q: dict[int, torch.Tensor] = {}
-        g_e: dict[int, torch.Tensor] = {}
-
-        def contract_w(t, w):
-            ws.append(w.detach())
-            return _Replay.apply(w, qs[t], u, g_q, t, "w")
-
-        def contract_theta(t, theta):
-            thetas.append(theta.detach())
-            return _Replay.apply(theta, es[t], u, g_e, t, "theta")
-
-        with torch.enable_grad():
-            log_r = initial_log_assignments(opts.shape[:4], opts.child_index, opts.n_children, u)
-            a_leaf, beta_u_leaf, beta_a_leaf = leaves
-            mu_c, logits, r = _em_loop(contract_w, contract_theta, a_leaf, beta_u_leaf, beta_a_leaf, log_r, opts)
-            outs = [(mu_c, g_poses), (torch.sigmoid(logits), g_acts), (logits, g_logits), (r, g_r)]
-            outs = [(o, g) for o, g in outs if g is not None and o.requires_grad]
-            if outs:
-                torch.autograd.backward([o for o, _ in outs], [g for _, g in outs])
-        # ∂U = Σ_t w_t ⊗ ∂Q_t + Σ_t ∂E_t ⊗ θ_t  [B, P, J, I, 32]
-        zeros_q, zeros_e = torch.zeros_like(qs[0]), torch.zeros_like(ws[0])
-        left = torch.stack(ws + [g_e.get(t, zeros_e) for t in range(len(thetas))], dim=-1)  # [B, P, J, I, 2r−1]
-        right = torch.stack([g_q.get(t, zeros_q) for t in range(len(ws))] + thetas, dim=-2)  # [B, P, J, 2r−1, 32]
-        g_u = left @ right
+        leaves = [x.detach().requires_grad_(need) for x, need in zip((a_in, beta_u, beta_a), ctx.needs_input_grad[1:4])]
+        g_u = _route_backward(u, leaves, qs, es, grads, opts)
         h = opts.shape[-1]
         # U = [x, x²] with x = V − c: ∂V = ∂U[:h] + 2 x ∂U[h:]   (c is a constant, see above)
         g_v = torch.addcmul(g_u[..., :h], u[..., :h], g_u[..., h:], value=2.0)
-        grads = [x.grad if x.requires_grad else None for x in leaves]
-        return g_v.reshape(ctx.votes_shape), *grads, None
+        return g_v.reshape(ctx.votes_shape), *[x.grad if x.requires_grad else None for x in leaves], None
 
 
 def em_routing(

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .em import FINAL_LAMBDA, MIN_VAR, EMResult, em_routing, inverse_temperature
+from .em_conv import conv_em_routing
 
 
 class _CentredActivations(nn.Module):
@@ -121,10 +122,9 @@ class ConvCaps(_CentredActivations):
         # Unfold once: the children in each field, gathered  [B, P, I, 4, 4] and [B, P, I]
         m = poses.reshape(b, hh * ww, t, 16).index_select(1, pos).reshape(b, p, -1, 4, 4)
         a = activations.reshape(b, hh * ww, t).index_select(1, pos).reshape(b, p, -1)
-        # V_ij = M_i W_ij  [B, P, J, I, 16]
-        votes = torch.einsum("bpiac,jicd->bpjiad", m, self.weight)  # [B, P, J, I, 4, 4]
-        res = em_routing(
-            votes, a, self.beta_u, self.beta_a, iterations=self.iterations, final_lambda=self.final_lambda,
+        # EM on the votes V_ij = M_i W_ij  [B, P, J, I, 16], formed inside a few images at a time (em_conv)
+        res = conv_em_routing(
+            m, self.weight, a, self.beta_u, self.beta_a, iterations=self.iterations, final_lambda=self.final_lambda,
             child_index=child, n_children=hh * ww * t, min_var=self.min_var,
         )  # fmt: skip
         return res, (out_h, out_w)
