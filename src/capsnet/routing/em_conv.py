@@ -24,6 +24,9 @@ from torch.autograd.function import once_differentiable
 from .em import EMResult, _Options, _route, _route_backward
 
 CHUNK_BYTES = 192 * 2**20  # U per chunk of images (at least one): 4 images of smallNORB ConvCaps1
+# On a GPU fresh memory is not the cost (the caching allocator reuses it) and small chunks would leave it idle, so
+# chunks there only bound the peak memory (not measured on a GPU yet).
+GPU_CHUNK_BYTES = 2**30
 
 
 def _block_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -140,14 +143,16 @@ def conv_em_routing(
     poses M_i of the child in each slot [B, P, I, 4, 4] (or [.., 16]); weight W_ij [J, I, 4, 4]; activations a_i
     [B, P, I]; β_u, β_a [J]; `child_index` [P, I] as in `em_routing`. The result and its gradients equal
     `em_routing(einsum("bpiac,jicd->bpjiad", M, W), ...)` up to rounding. `chunk_bytes`: U's size per chunk of
-    images (default CHUNK_BYTES)."""
+    images (default CHUNK_BYTES on CPUs, GPU_CHUNK_BYTES elsewhere)."""
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     bsz, p, i = activations.shape
     j = weight.shape[0]
     opts = _Options((bsz, p, j, i, 16), iterations, final_lambda, min_var, child_index, n_children)
     per_image = p * j * i * 32 * poses.element_size()  # bytes of U
-    chunk = max(1, min(bsz, (CHUNK_BYTES if chunk_bytes is None else chunk_bytes) // per_image))
+    if chunk_bytes is None:
+        chunk_bytes = CHUNK_BYTES if poses.device.type == "cpu" else GPU_CHUNK_BYTES
+    chunk = max(1, min(bsz, chunk_bytes // per_image))
     poses, acts, logits, r = _ConvEMRouting.apply(
         poses.reshape(bsz, p, i, 16), weight, activations.unsqueeze(2), beta_u, beta_a, opts, chunk
     )
