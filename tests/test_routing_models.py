@@ -243,6 +243,21 @@ def test_cli_trains_capsnet_with_each_routing(tmp_path, capsys, routing):
     assert load_pretrained(out / "best").config.routing == routing
 
 
+@pytest.mark.parametrize("name", ["inverted-attention-capsnet", "self-routing-capsnet"])
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"capsule_types": (8, 8), "capsule_strides": (2,)}, "one positive value per capsule layer"),
+        ({"capsule_types": (0,), "capsule_strides": (1,)}, "one positive value per capsule layer"),
+        ({"pose_dim": 8}, "pose_dim must be a square"),
+        ({"image_size": 4, "capsule_types": (8, 8), "capsule_strides": (2, 2)}, "too small for the capsule layers"),
+    ],
+)
+def test_capsule_layer_stacks_are_checked(name, options, message):
+    with pytest.raises(ConfigError, match=message):
+        MODELS[name].config_class(**options)
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -48,3 +49,15 @@ def check_images(images: torch.Tensor, *, channels: int, size: int | tuple[int, 
     h, w = image_hw(size)
     if images.dim() != 4 or tuple(images.shape[1:]) != (channels, h, w):
         raise ValueError(f"{model} expects images of shape [B, {channels}, {h}, {w}], got {list(images.shape)}")
+
+
+def check_capsule_layers(config: Any) -> None:
+    """ConfigError unless a config's stack of matrix-pose capsule layers is buildable: one positive
+    `capsule_types` and `capsule_strides` entry per layer, a square `pose_dim`, and a last `grids` side >= 1."""
+    types, strides = config.capsule_types, config.capsule_strides
+    if len(types) != len(strides) or min((*types, *strides, 1)) < 1:
+        raise ConfigError("capsule_types and capsule_strides need one positive value per capsule layer")
+    if int(config.pose_dim**0.5) ** 2 != config.pose_dim:
+        raise ConfigError(f"pose_dim must be a square (poses are matrices), got {config.pose_dim}")
+    if config.grids[-1] < 1:
+        raise ConfigError(f"image_size {config.image_size} is too small for the capsule layers")

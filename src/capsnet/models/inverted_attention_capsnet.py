@@ -37,7 +37,7 @@ from ..errors import ConfigError
 from ..nn.primary import conv_output_size
 from ..routing.inverted_attention import InvertedAttentionConv, InvertedAttentionFC, concurrent_routing
 from .capsnet import CapsNetOutput
-from .inputs import check_images
+from .inputs import check_capsule_layers, check_images
 from .pretrained import Pretrained
 
 
@@ -65,13 +65,7 @@ class InvertedAttentionCapsNetConfig:
         for name in names:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if len(self.capsule_types) != len(self.capsule_strides) or min((*self.capsule_types, *self.capsule_strides,
-                                                                          1)) < 1:  # fmt: skip
-            raise ConfigError("capsule_types and capsule_strides need one positive value per capsule layer")
-        if int(self.pose_dim**0.5) ** 2 != self.pose_dim:
-            raise ConfigError(f"pose_dim must be a square (poses are matrices), got {self.pose_dim}")
-        if self.grids[-1] < 1:
-            raise ConfigError(f"image_size {self.image_size} is too small for the capsule layers")
+        check_capsule_layers(self)
 
     @property
     def grids(self) -> list[int]:
