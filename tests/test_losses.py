@@ -68,3 +68,11 @@ def test_reconstruction_loss_is_weighted_sum_per_image():
     assert math.isclose(reconstruction_loss(r, x, reduction="mean").item(), 0.0005 * 0.25, rel_tol=1e-6)
     with pytest.raises(ValueError):
         reconstruction_loss(r, x[:, :, :27])
+
+
+def test_full_precision_raises_half_types_and_keeps_float64():
+    from capsnet.nn.losses import full_precision
+
+    for dtype, want in [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                        (torch.float32, torch.float32), (torch.float64, torch.float64)]:  # fmt: skip
+        assert full_precision(torch.ones(2, dtype=dtype)).dtype == want

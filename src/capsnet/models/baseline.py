@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
+from ..nn.losses import full_precision
 from ..nn.standardize import per_image_standardize
 from .inputs import RecordedData, check_images, image_hw
 from .pretrained import Pretrained
@@ -136,7 +137,7 @@ class BaselineCNN(Pretrained, nn.Module):
         x = per_image_standardize(images) if self.config.standardize else images
         h = self.fc(self.features(x).flatten(1))  # [B, 192]
         logits = self.classifier(self.dropout(h))  # [B, n_classes]
-        probs = logits.float().softmax(dim=1)
+        probs = full_precision(logits).softmax(dim=1)
         return BaselineOutput(None, probs, logits.argmax(dim=1), None, None, logits)
 
     def loss(
@@ -147,7 +148,7 @@ class BaselineCNN(Pretrained, nn.Module):
         each of two digits) — a softmax whose two largest probabilities should be the two digits, matching the "two
         most probable classes" metric; chosen over per-class sigmoids so that `.lengths` stays a softmax as for
         single digits."""
-        logits = out.logits.float()
+        logits = full_precision(out.logits)
         if labels.dim() == 1:
             ce = F.cross_entropy(logits, labels.long())
         elif labels.dim() == 2 and labels.shape[1] == self.config.n_classes:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from ..nn.losses import MarginLoss, SpreadLoss, spread_margin
+from ..nn.losses import MarginLoss, SpreadLoss, full_precision, spread_margin
 from ..nn.standardize import per_image_standardize
 from ..routing.em import FINAL_LAMBDA
 from ..routing.matrix_capsules import ClassCaps, ConvCaps, PrimaryMatrixCaps
@@ -171,15 +171,15 @@ class EMCapsNet(Pretrained, nn.Module):
         kind = self.config.class_loss
         if kind == "spread":
             m = self.current_margin()
-            total = self.spread_loss(out.lengths.float(), labels, m)
+            total = self.spread_loss(full_precision(out.lengths), labels, m)
             parts = {"spread": total.detach(), "spread_margin": m}
             if self.training and torch.is_grad_enabled():
                 self.train_steps += 1
         elif kind == "margin":
-            total = self.margin_loss(out.lengths.float(), labels)
+            total = self.margin_loss(full_precision(out.lengths), labels)
             parts = {"margin": total.detach()}
         else:
-            total = F.cross_entropy(out.logits.float(), labels.long())
+            total = F.cross_entropy(full_precision(out.logits), labels.long())
             parts = {"cross_entropy": total.detach()}
         parts["total"] = total.detach()
         return total, parts

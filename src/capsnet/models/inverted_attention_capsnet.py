@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
+from ..nn.losses import full_precision
 from ..nn.primary import conv_output_size
 from ..routing.inverted_attention import InvertedAttentionConv, InvertedAttentionFC, concurrent_routing
 from .capsnet import CapsNetOutput
@@ -122,7 +123,7 @@ class InvertedAttentionCapsNet(Pretrained, nn.Module):
                 u = layer(u)
             v, r = self.capsules[-1](u.flatten(1, 3), return_weights=True)
         logits = self.classifier(v).squeeze(-1)  # [B, n_classes]
-        probs = logits.float().softmax(dim=1)
+        probs = full_precision(logits).softmax(dim=1)
         return CapsNetOutput(v, probs, probs.argmax(dim=1), None, r if return_coupling else None)
 
     def loss(

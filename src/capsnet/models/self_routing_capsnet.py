@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
+from ..nn.losses import full_precision
 from ..nn.primary import conv_output_size
 from ..routing.self_routing import SelfRoutingConv, SelfRoutingFC
 from .capsnet import CapsNetOutput
@@ -182,7 +183,7 @@ class SelfRoutingCapsNet(Pretrained, nn.Module):
         for layer in self.capsules:
             pose, a = layer(pose, a)
         routed = self.class_caps(pose, a, return_weights=True)
-        probs = routed.activations.float()  # a_j, a distribution over the classes  [B, n_classes]
+        probs = full_precision(routed.activations)  # a_j, a distribution over the classes  [B, n_classes]
         return CapsNetOutput(routed.capsules, probs, probs.argmax(dim=1), None,
                              routed.weights if return_coupling else None)  # fmt: skip
 

@@ -14,6 +14,12 @@ def capsule_lengths(v: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(v, dim=-1)
 
 
+def full_precision(t: torch.Tensor) -> torch.Tensor:
+    """float16/bfloat16 (autocast outputs) to float32 for the losses and probabilities; float32 and float64 as
+    they are (a float64 model keeps float64 throughout)."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 def _targets(labels: torch.Tensor, n_labels: int, like: torch.Tensor) -> torch.Tensor:
     """Class indices [B] -> one-hot [B, n]; multi-hot [B, n] is taken as it is."""
     if labels.dim() == 1:
