@@ -2,6 +2,7 @@
 paper's procedure, at the same sizes; results must be equal.
 
     python benchmarks/bench_routing_algos.py [--batch-size 64] [--repeats 5] [--threads N] [--only NAME,...]
+        [--device cpu|cuda]
 
 The transcriptions follow each paper's procedure line by line with einsum, as a reader of the paper would write
 it: dynamic routing (Procedure 1, labml's formulation, as benchmarks/bench_routing.py), self-attention routing
@@ -63,7 +64,7 @@ def inverted_attention_paper(layer, u, a=None):
     p = None
     for _ in range(layer.iterations):
         if p is None:
-            r = torch.full(v.shape[:3], 1.0 / v.shape[2], dtype=v.dtype)
+            r = torch.full(v.shape[:3], 1.0 / v.shape[2], dtype=v.dtype, device=v.device)
         else:
             r = torch.softmax(torch.einsum("bjm,bijm->bij", p, v), dim=2)  # Eqs. 2, 3
         p = F.layer_norm(torch.einsum("bij,bijm->bjm", r, v), (v.shape[-1],), layer.norm.weight, layer.norm.bias)
@@ -94,9 +95,12 @@ def cases():
 def step(fn, layer, u, a, probe):
     for p in (u, *layer.parameters()):
         p.grad = None
+    sync = torch.cuda.synchronize if u.is_cuda else (lambda: None)
+    sync()
     t0 = time.perf_counter()
     out = fn(layer, u, a)
     (out * probe).sum().backward()
+    sync()
     return time.perf_counter() - t0, out.detach(), [u.grad.clone(), *(p.grad.clone() for p in layer.parameters())]
 
 
@@ -110,10 +114,13 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--only", default=None, help="comma-separated substrings of the case names to run")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:K")
     args = ap.parse_args()
+    device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"batch {args.batch_size}, CPU, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"batch {args.batch_size}, {where}, torch {torch.__version__}, "
           f"median of {args.repeats}")  # fmt: skip
     print("| layer | sizes (in × d → out × d) | module img/s | paper transcription img/s | speed-up | max rel. diff |")
     print("|---|---|---:|---:|---:|---:|")
@@ -122,14 +129,14 @@ def main() -> int:
         if args.only and not any(s in name for s in args.only.split(",")):
             continue
         torch.manual_seed(0)
-        layer = make(sizes)
+        layer = make(sizes).to(device)
         with torch.no_grad():  # non-trivial values for the zero-initialised parameters
             for p in layer.parameters():
                 if p.abs().max() == 0:
                     p.normal_(std=0.1)
-        u = (torch.randn(args.batch_size, sizes[0], sizes[2]) * 0.3).requires_grad_()
-        a = torch.rand(args.batch_size, sizes[0])
-        probe = torch.randn(args.batch_size, sizes[1], sizes[3])
+        u = (torch.randn(args.batch_size, sizes[0], sizes[2]) * 0.3).to(device).requires_grad_()
+        a = torch.rand(args.batch_size, sizes[0]).to(device)
+        probe = torch.randn(args.batch_size, sizes[1], sizes[3]).to(device)
         times: dict[str, list[float]] = {"module": [], "paper": []}
         results = {}
         for rep in range(args.repeats + 1):  # the first round warms up

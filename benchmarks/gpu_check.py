@@ -13,7 +13,10 @@ On one GPU it takes under `--minutes` (8) and writes OUT/gpu_check.json and OUT/
    plain labml loop (benchmarks/bench_epoch.py, fp32), at batch 128 and 512: images/s, seconds per epoch and peak
    GPU memory. capsnet runs two epochs and reports the second (so compilation and warm-up are not timed);
    images/s excludes the test pass, as for the labml loop;
-3. accuracy: `capsnet train` on full Fashion-MNIST in the fastest configuration from 2. for the minutes left,
+3. routing: benchmarks/bench_routing_algos.py (each routing layer against its paper's transcription) and
+   benchmarks/bench_em.py (ConvCaps1 of the smallNORB model, EM routing in chunks against the transcription) on the
+   device: speeds, peak memory and the largest difference of the results;
+4. accuracy: `capsnet train` on full Fashion-MNIST in the fastest configuration from 2. for the minutes left,
    with the test accuracy of every epoch (skipped when Fashion-MNIST is not on this machine).
 """
 
@@ -94,6 +97,26 @@ def run_tests(device: str, timeout: float) -> dict:
             "counts": counts, "tail": output.strip().splitlines()[-15:]}  # fmt: skip
 
 
+def run_routing(device: str, smoke: bool, timeout: float) -> list[dict]:
+    """The routing layers against their papers' transcriptions, on the device (tiny sizes in a smoke run)."""
+    runs = [["bench_routing_algos.py", "--device", device, *(["--batch-size", "2", "--repeats", "1"] if smoke else [])],
+            ["bench_em.py", "--device", device, *(["--layer", "caps2", "--batch", "1", "--repeat", "1"] if smoke
+                                                  else [])]]  # fmt: skip
+    results = []
+    for script, *options in runs:
+        t0 = time.perf_counter()
+        try:
+            r = subprocess.run([sys.executable, str(HERE / script), *options], capture_output=True, text=True,
+                               timeout=timeout, cwd=HERE.parent)  # fmt: skip
+            lines, code = r.stdout.strip().splitlines() + r.stderr.strip().splitlines()[-5:], r.returncode
+        except subprocess.TimeoutExpired:
+            lines, code = [f"timed out after {timeout:.0f} s"], -1
+        results.append({"command": " ".join(["python benchmarks/" + script, *options]), "exit_code": code,
+                        "seconds": round(time.perf_counter() - t0, 1), "output": lines})  # fmt: skip
+        print(json.dumps(results[-1]), flush=True)
+    return results
+
+
 def peak_memory(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
 
@@ -149,6 +172,9 @@ def markdown(report: dict) -> str:
              f"bf16 native: {report['bf16_native']}, total {report['seconds']:.0f} s", ""]  # fmt: skip
     tests = report["tests"]
     lines += [f"Tests (`{tests['command']}`): exit {tests['exit_code']}, {tests['counts']}", ""]
+    for run in report["routing"]:
+        lines += [f"`{run['command']}`: exit {run['exit_code']}, {run['seconds']} s", "", "```", *run["output"],
+                  "```", ""]  # fmt: skip
     lines += ["| loop | precision | batch | images/s | s per epoch | vs labml | peak MiB |",
               "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     labml = {r["batch"]: r["images_per_s"] for r in report["epochs"] if r["loop"] == "labml"}
@@ -182,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true",
                    help="a dry run: 64 generated images, batch 32, a small CapsNet, 1 training epoch")  # fmt: skip
     p.add_argument("--skip-tests", action="store_true", help="do not run pytest -m cuda")
+    p.add_argument("--skip-routing", action="store_true", help="do not run the routing benchmarks")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -207,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.skip_tests
             else run_tests(args.device, timeout=0.3 * budget)
         )
+        limit = 300.0 if args.smoke else 0.1 * budget  # (a smoke run's CPU may be busy with other tests)
+        report["routing"] = [] if args.skip_routing else run_routing(args.device, args.smoke, limit)
         epochs, skipped = [], []
         for batch in batches:
             for run in ("labml", *VARIANTS):
@@ -227,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "gpu_check.md").write_text(markdown(report))
     print(markdown(report))
-    return 0 if report["tests"]["exit_code"] in (0, 5, None) else 1  # 5: pytest collected no CUDA test
+    routing_ok = all(r["exit_code"] == 0 for r in report["routing"])
+    return 0 if report["tests"]["exit_code"] in (0, 5, None) and routing_ok else 1  # 5: pytest collected no test
 
 
 if __name__ == "__main__":

@@ -22,6 +22,12 @@ def test_gpu_check_smoke_run_writes_its_report(tmp_path):
     assert len(report["accuracy"]["test_acc"]) == 1 and report["smoke"]
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| capsnet | bf16+compile | 32 |" in table and "Smoke run" in table
+    routing = {r["command"].split()[1]: r for r in report["routing"]}
+    assert set(routing) == {"benchmarks/bench_routing_algos.py", "benchmarks/bench_em.py"}
+    assert all(r["exit_code"] == 0 for r in routing.values())
+    assert any("| self-routing |" in line for line in routing["benchmarks/bench_routing_algos.py"]["output"])
+    assert any("speed-up" in line for line in routing["benchmarks/bench_em.py"]["output"])
+    assert "`python benchmarks/bench_em.py --device cpu --layer caps2" in table
 
 
 @pytest.mark.slow
