@@ -68,6 +68,25 @@ def test_inverted_attention_capsnet_parameters_on_cifar():
     assert n_params(model) == 492_177
 
 
+def test_inverted_attention_capsnet_agreement_scale_reaches_every_layer():
+    """1 (Eq. 2 as the paper writes it) by default; 0.25 = 1/√16, the authors' code, scales every layer's
+    agreement, which changes the routing from the second pass on (the first is uniform either way)."""
+    small = {"in_channels": 1, "image_size": 28, "stem_channels": 16, "primary_types": 4, "capsule_types": (4, 4)}
+    torch.manual_seed(0)
+    paper = InvertedAttentionCapsNet(**small).eval()
+    torch.manual_seed(0)
+    authors = InvertedAttentionCapsNet(**small, agreement_scale=0.25).eval()
+    assert [layer.scale for layer in paper.capsules] == [1.0] * 3
+    assert [layer.scale for layer in authors.capsules] == [0.25] * 3
+    x = torch.rand(2, 1, 28, 28)
+    assert not torch.allclose(paper(x).lengths, authors(x).lengths, atol=1e-4)
+    with torch.no_grad():
+        for layer in (*paper.capsules, *authors.capsules):
+            layer.iterations = 1
+        paper.config.routing_iterations = authors.config.routing_iterations = 1
+        torch.testing.assert_close(paper(x).lengths, authors(x).lengths)
+
+
 def test_self_routing_capsnet_parameters_on_cifar():
     # The authors' CIFAR-10 model (coder3000/SR-CapsNet: models/resnet.py, `resnet_self_routing` with config.py's
     # defaults: 16 planes, 32 capsule types, 16-D poses, depth 1). The paper's own table could not be read here.
@@ -264,6 +283,7 @@ def test_capsule_layer_stacks_are_checked(name, options, message):
         (["--model", "efficient-capsnet", "--backbone-kernels", "5", "3"], "one positive value per convolution"),
         (["--model", "self-routing-capsnet", "--stem-channels", "8"], "not an option of --model self-routing"),
         (["--model", "inverted-attention-capsnet", "--pose-dim", "8"], "pose_dim must be a square"),
+        (["--model", "inverted-attention-capsnet", "--agreement-scale", "0"], "agreement_scale must be > 0"),
         (["--routing", "attention"], "invalid choice"),
     ],
 )

@@ -58,6 +58,10 @@ class InvertedAttentionCapsNetConfig:
     concurrent: bool = field(
         default=True, metadata={"help": "route all capsule layers concurrently (paper) or one by one"}
     )
+    # Eq. 2 of the paper has no factor; the authors' released code multiplies the agreement by 1/√d (0.25 here).
+    agreement_scale: float = field(
+        default=1.0, metadata={"help": "factor on the agreement p_j.v_ij (1: the paper; 0.25: the authors' code)"}
+    )
 
     def __post_init__(self) -> None:
         self.capsule_types, self.capsule_strides = tuple(self.capsule_types), tuple(self.capsule_strides)
@@ -66,6 +70,8 @@ class InvertedAttentionCapsNetConfig:
         for name in names:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.agreement_scale > 0:
+            raise ConfigError(f"agreement_scale must be > 0, got {self.agreement_scale}")
         check_capsule_layers(self)
 
     @property
@@ -94,13 +100,14 @@ class InvertedAttentionCapsNet(Pretrained, nn.Module):
         self.primary = nn.Conv2d(cfg.stem_channels, cfg.primary_types * cfg.pose_dim, 1, bias=False)
         self.primary_norm = nn.LayerNorm(cfg.pose_dim)
         types = (cfg.primary_types, *cfg.capsule_types)
+        scale = cfg.agreement_scale
         layers: list[nn.Module] = [
-            InvertedAttentionConv(t_in, t_out, cfg.pose_dim, 3, s, cfg.routing_iterations)
+            InvertedAttentionConv(t_in, t_out, cfg.pose_dim, 3, s, cfg.routing_iterations, agreement_scale=scale)
             for t_in, t_out, s in zip(types, types[1:], cfg.capsule_strides, strict=False)
         ]
         n_in = types[-1] * cfg.grids[-1] ** 2
         layers.append(InvertedAttentionFC(n_in, cfg.n_classes, cfg.pose_dim, cfg.pose_dim, cfg.routing_iterations,
-                                          matrix_pose=True))  # fmt: skip
+                                          matrix_pose=True, agreement_scale=scale))  # fmt: skip
         self.capsules = nn.ModuleList(layers)
         self.classifier = nn.Linear(cfg.pose_dim, 1)
 
