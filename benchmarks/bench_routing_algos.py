@@ -116,7 +116,14 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="comma-separated substrings of the case names to run")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:K")
     args = ap.parse_args()
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        print(f"error: --device: expected cpu, cuda or cuda:K, got {args.device!r}", file=sys.stderr)
+        return 2
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda: no CUDA GPU here", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"

@@ -34,6 +34,16 @@ def test_routing_benchmark_runs_and_results_agree():
                                                                "self-routing"}  # fmt: skip
 
 
+@pytest.mark.parametrize("device,message", [("foo", "expected cpu, cuda or cuda:K"), ("cuda", "no CUDA GPU here")])
+def test_routing_benchmark_bad_device_is_one_line_and_exit_2(device, message):
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    r = subprocess.run([sys.executable, str(BENCH / "bench_routing_algos.py"), "--device", device],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and r.stdout == "" and message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("paper_fn,make", [
     ("self_attention_paper", lambda m: m.SelfAttentionRouter(6, 3, 4, 5)),
     ("inverted_attention_paper", lambda m: m.InvertedAttentionFC(6, 3, 4, 5, 3)),
