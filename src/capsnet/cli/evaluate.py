@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..training.evaluate import evaluate_checkpoint
+from ..training.evaluate import describe_scored, evaluate_checkpoint
 
 
 def register(subparsers) -> None:
@@ -35,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(r))
         return 0
     k = len(r["per_class"])
+    for entry in r["scored"]:
+        print(f"scored {describe_scored(entry)}")
     print(
         f"{r['dataset']} {r['split']}: accuracy {r['accuracy']:.4f} ({r['n']} images), "
         f"error {100 * (1 - r['accuracy']):.2f}%"

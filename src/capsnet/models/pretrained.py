@@ -53,13 +53,16 @@ class Pretrained(_ModuleBase):
             raise TypeError("pass either config= or keyword options, not both")
         return config if config is not None else cls.config_class(**(options or {}))
 
-    def save_pretrained(self, directory: str | os.PathLike) -> Path:
-        """Write `config.json` and `model.safetensors` into `directory`, each atomically."""
+    def save_pretrained(self, directory: str | os.PathLike, *, metadata: dict[str, Any] | None = None) -> Path:
+        """Write `config.json` and `model.safetensors` into `directory`, each atomically. `metadata` (JSON-ready)
+        is kept in config.json under "checkpoint" (a training run records there which epoch the folder holds)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         atomic_write_bytes(directory / WEIGHTS_NAME, save(state, metadata={"format": "pt"}))
         meta = {"model_type": self.model_type, "capsnet_version": __version__, "config": to_dict(self.config)}
+        if metadata is not None:
+            meta["checkpoint"] = metadata
         atomic_write_json(directory / CONFIG_NAME, meta)
         return directory
 

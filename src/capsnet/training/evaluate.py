@@ -18,7 +18,8 @@ from ..errors import DatasetError
 from ..models.inputs import image_hw
 from ..models.pretrained import load_pretrained
 from . import distributed as dist_utils
-from .checkpoint import resolve_checkpoint
+from .checkpoint import checkpoint_info, resolve_checkpoint
+from .config import upgrade_train_dict
 from .ensemble import Ensemble
 
 
@@ -98,7 +99,8 @@ def evaluate_checkpoint(
 
     Image folders are converted as for training: to the size the model recorded (before its crops) and channels."""
     paths = list(checkpoint) if isinstance(checkpoint, (list, tuple)) else [checkpoint]
-    models = [load_pretrained(resolve_checkpoint(c), map_location=device) for c in paths]
+    folders = [resolve_checkpoint(c) for c in paths]
+    models = [load_pretrained(f, map_location=device) for f in folders]
     model = models[0] if len(models) == 1 else Ensemble(models)
     cfg: Any = model.config
     size = tuple(getattr(cfg, "source_size", ())) or image_hw(cfg.image_size)
@@ -110,20 +112,45 @@ def evaluate_checkpoint(
     check_split(model, chosen, source=data.source)
     result = evaluate(model, chosen, batch_size=batch_size, device=device)
     result.update(checkpoint=str(paths[0]) if len(paths) == 1 else [str(p) for p in paths], dataset=data.name,
-                  split=split, class_names=[class_name(cfg, k) for k in range(cfg.n_classes)])  # fmt: skip
+                  split=split, class_names=[class_name(cfg, k) for k in range(cfg.n_classes)],
+                  scored=[scored(f) for f in folders])  # fmt: skip
     return result
 
 
+def scored(folder: Path) -> dict[str, Any]:
+    """Which checkpoint `folder` is and how it was chosen, from the record its training run left in it."""
+    info = checkpoint_info(folder) or {}
+    return {"folder": str(folder), **info}
+
+
+def describe_scored(entry: dict[str, Any]) -> str:
+    """One line: the folder, its epoch, and how it was chosen (validation, or the test set for older runs)."""
+    text = entry["folder"]
+    if "epoch" in entry:
+        text += f" (epoch {entry['epoch']}"
+        if entry.get("view") == "best":
+            on = {"val_acc": "validation", "test_acc": "test"}.get(entry.get("selected_on", ""), "?")
+            text += f", chosen on {on} accuracy {entry.get('value', float('nan')):.4f}"
+            if on == "test":
+                text += ": its test figure is a maximum over epochs"
+        elif entry.get("view") == "last":
+            text += ", the run's last checkpoint"
+        text += ")"
+    elif entry["folder"].endswith("best"):
+        text += " (chosen on test accuracy by a run made before validation splits: a maximum over epochs)"
+    return text
+
+
 def _run_data_options(checkpoint) -> dict:
-    """A single image folder is split as the training run split it: its val_fraction, from the run's config.json
+    """A single image folder is split as the training run split it: its test_fraction, from the run's config.json
     (when `checkpoint` is a run folder)."""
     path = Path(checkpoint) / "config.json"
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-        fraction = meta["train"]["val_fraction"]
+        fraction = upgrade_train_dict(meta["train"])["test_fraction"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
-    return {"val_fraction": fraction} if isinstance(fraction, (int, float)) else {}
+    return {"test_fraction": fraction} if isinstance(fraction, (int, float)) else {}
 
 
 def fit_to_model(x: torch.Tensor, cfg) -> torch.Tensor:
