@@ -50,7 +50,7 @@ def test_a_kernel_that_does_not_build_warns_once_and_falls_back(monkeypatch):
     monkeypatch.delenv("CAPSNET_NO_EXT", raising=False)
     calls = []
 
-    def fail(source_path, prefix, verbose=False):
+    def fail(source_path, prefix, verbose=False, *, notice=None):
         calls.append(prefix)
         raise OSError("no compiler")
 
