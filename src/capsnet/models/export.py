@@ -104,6 +104,8 @@ def export_model(
     path = Path(path)
     if path.suffix not in FORMATS:
         raise ConfigError(f"{path}: give a .onnx or .pt2 file name")
+    if path.suffix == ".onnx":
+        _require_onnx(check)
     program = export_program(model)
     names = output_names(model)
     tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")  # (torch.export.save wants a .pt2 name)
@@ -131,12 +133,24 @@ def export_model(
     return info
 
 
-def _write_onnx(model: nn.Module, program: torch.export.ExportedProgram, path: Path, *, opset: int, names) -> None:
+def _require_onnx(check: bool) -> None:
+    """ExportError naming the extra unless torch's ONNX exporter (onnx, onnxscript) and, to `check`, onnxruntime
+    can be imported."""
     try:
-        import onnx  # noqa: F401  (torch's exporter needs onnx and onnxscript)
+        import onnx  # noqa: F401
         import onnxscript  # noqa: F401
     except ImportError:
         raise ExportError("ONNX export needs onnx and onnxscript: pip install 'capsnet[export]'") from None
+    if check:
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            raise ExportError(
+                "checking the ONNX file needs onnxruntime: pip install 'capsnet[export]' (or pass --no-check)"
+            ) from None
+
+
+def _write_onnx(model: nn.Module, program: torch.export.ExportedProgram, path: Path, *, opset: int, names) -> None:
     with _quiet():
         onnx_program = torch.onnx.export(
             program, f=None, input_names=["images"], output_names=names, opset_version=opset, verbose=False
@@ -157,10 +171,8 @@ def _run_file(path: Path, suffix: str, images: torch.Tensor) -> list[torch.Tenso
     if suffix == ".pt2":
         with torch.no_grad():
             return list(torch.export.load(path).module()(images))
-    try:
-        import onnxruntime
-    except ImportError:
-        raise ExportError("checking the ONNX file needs onnxruntime: pip install 'capsnet[export]'") from None
+    import onnxruntime  # (checked by _require_onnx)
+
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return [torch.from_numpy(x) for x in session.run(None, {"images": images.cpu().numpy()})]
 

@@ -135,14 +135,14 @@ def _override(target: type[Pretrained], config: Any, overrides: dict[str, Any]) 
     unknown = sorted(set(overrides) - set(fields))
     if unknown:
         raise ConfigError(f"{target.__name__}: unknown option(s) {', '.join(unknown)}; known: {', '.join(fields)}")
-    new: Any = from_dict(target.config_class, {**to_dict(config), **overrides}, what=f"{target.__name__} options")
+    saved = to_dict(config)
     for key in overrides:
-        if key in DATA_FIELDS and getattr(new, key) != getattr(config, key):
+        if key in DATA_FIELDS and json.loads(json.dumps(overrides[key])) != saved[key]:  # (tuples as lists)
             raise ConfigError(
                 f"{key}={overrides[key]!r}: the pretrained weights record {key}={getattr(config, key)!r} from their "
                 "training data; it cannot be overridden"
             )
-    return new
+    return from_dict(target.config_class, {**saved, **overrides}, what=f"{target.__name__} options")
 
 
 def _load_problems(model: Any, state: dict[str, torch.Tensor]) -> str | None:
