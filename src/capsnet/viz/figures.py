@@ -266,8 +266,8 @@ def visualize(
     The test split is that of the data the checkpoint was trained on (its run's config.json, or a shipped card),
     unless `dataset` / `data_dir` name another. Examples are drawn from it with a generator seeded by `seed`: `n`
     for the reconstructions, `n_perturb` of those (of different classes where possible) for the perturbations, the
-    first one for the routing figure. Figures
-    that do not apply (no decoder, no summary.csv) are skipped with a note through `log`.
+    first one for the routing figure. Figures that do not apply (no decoder, no summary.csv) are skipped with a
+    note through `log`.
     """
     model = load_capsnet(checkpoint, device=device, any_model=True)
     run_dir = run_folder_of(checkpoint)
