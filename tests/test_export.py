@@ -35,7 +35,8 @@ def test_onnx_runs_in_onnxruntime_like_the_model(name, tmp_path):
     info = export_model(model, tmp_path / "m.onnx")
     assert info["format"] == "ONNX" and info["opset"] == ex.OPSET and info["max_abs_diff"] <= 1e-4
     proto = onnx.load(str(tmp_path / "m.onnx"))
-    assert [o.name for o in proto.graph.output] == list(info["outputs"]) == ex.output_names(model)
+    names = ["lengths", "capsules"][: len(_reference(model, torch.rand(1, 1, 28, 28)))]  # (the baseline: no capsules)
+    assert [o.name for o in proto.graph.output] == list(info["outputs"]) == names
     assert proto.graph.input[0].name == "images" and proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param
     assert {i.domain or "ai.onnx": i.version for i in proto.opset_import}["ai.onnx"] == ex.OPSET
     meta = {p.key: p.value for p in proto.metadata_props}
@@ -50,6 +51,29 @@ def test_onnx_runs_in_onnxruntime_like_the_model(name, tmp_path):
         for g, w in zip(got, want):
             assert g.shape == tuple(w.shape)
             assert abs(torch.from_numpy(g) - w).max().item() <= 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"routing": "self-attention"},
+        {"routing": "inverted-attention"},
+        {"routing": "self-routing"},
+        {"leaky_routing": True, "capsule_bias": True},
+        {"detach_votes": True, "padding": "same", "image_size": (28, 24)},
+    ],
+    ids=["self-attention", "inverted-attention", "self-routing", "leaky-bias", "same-padding-28x24"],
+)
+def test_every_capsnet_routing_option_exports_to_onnx(options, tmp_path):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    model = CapsNet(config=small_config(**options)).eval()
+    export_model(model, tmp_path / "m.onnx")
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    h, w = (28, 24) if "image_size" in options else (28, 28)
+    images = torch.rand(3, 1, h, w, generator=torch.Generator().manual_seed(3))
+    for g, want in zip(session.run(None, {"images": images.numpy()}), _reference(model, images), strict=True):
+        assert abs(torch.from_numpy(g) - want).max().item() <= 1e-4
 
 
 @pytest.mark.slow
@@ -68,10 +92,11 @@ def test_torch_export_program_loads_and_matches_the_model(name, tmp_path):
 
 def test_export_runs_the_pure_pytorch_routing_and_restores_the_model(tmp_path):
     """The graph holds no capsnet custom operator (C++ kernel or fast path: no ONNX translation), and the model's
-    layers are as they were afterwards."""
-    model = CapsNet(config=small_config())
+    mode and layers are as they were afterwards."""
+    model = CapsNet(config=small_config()).train()
     model.class_caps.backend = "cpp"
     program = ex.export_program(model)
+    assert model.training
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
     assert not [t for t in targets if "capsnet" in t], targets
     assert model.class_caps.fast and model.class_caps.backend == "cpp" and get_backend() == "auto"

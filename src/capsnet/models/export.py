@@ -33,6 +33,7 @@ from .inputs import image_hw
 OPSET = 18  # the ONNX opset of the exported graph (onnxruntime >= 1.14 runs it)
 FORMATS = {".onnx": "ONNX", ".pt2": "torch.export"}
 ATOL = 1e-4  # the check's tolerance on every output, against the PyTorch model
+OUTPUT_NAMES = ("lengths", "capsules")  # (a model without capsules, the baseline CNN, has the first only)
 
 
 class ExportedOutputs(nn.Module):
@@ -47,11 +48,15 @@ class ExportedOutputs(nn.Module):
         return (out.lengths,) if out.capsules is None else (out.lengths, out.capsules)
 
 
-def output_names(model: nn.Module) -> list[str]:
-    """The names of the exported outputs: ["lengths", "capsules"], or ["lengths"] for a model without capsules."""
-    with torch.no_grad(), reference_routing(model):
-        outputs = ExportedOutputs(model).eval()(example_images(model, 1))
-    return ["lengths", "capsules"][: len(outputs)]
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[None]:
+    """`model` in eval mode inside the block; in the mode it was in afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 @contextlib.contextmanager
@@ -82,9 +87,8 @@ def example_images(model: nn.Module, batch: int, *, seed: int = 0) -> torch.Tens
 def export_program(model: nn.Module) -> torch.export.ExportedProgram:
     """`model` (in eval mode, routing on its PyTorch path) as a torch.export program with a dynamic batch axis.
     A model that cannot be exported is an ExportError naming it and the first line of torch's reason."""
-    model.eval()
     batch = torch.export.Dim("batch", min=1)
-    with torch.no_grad(), reference_routing(model), _quiet():
+    with evaluating(model), torch.no_grad(), reference_routing(model), _quiet():
         try:
             return torch.export.export(
                 ExportedOutputs(model), (example_images(model, 2),), dynamic_shapes=({0: batch},), strict=False
@@ -98,7 +102,8 @@ def export_model(
     model: nn.Module, path: str | os.PathLike, *, opset: int = OPSET, check: bool = True, atol: float = ATOL
 ) -> dict[str, Any]:
     """Write `model` to `path`: ONNX (`.onnx`, opset `opset`, one self-contained file) or torch.export (`.pt2`),
-    atomically. With `check`, the file's outputs on 3 random images must match the model's within `atol`.
+    atomically. With `check`, the file's outputs on 3 random images must match the model's within `atol`. The model
+    is left as it was (its training mode and routing paths).
 
     Returns {"path", "format", "opset" (ONNX), "outputs": {name: shape}, "max_abs_diff" (with check)}."""
     path = Path(path)
@@ -107,22 +112,22 @@ def export_model(
     if path.suffix == ".onnx":
         _require_onnx(check)
     program = export_program(model)
-    names = output_names(model)
+    names = list(OUTPUT_NAMES[: len(program.graph_signature.user_outputs)])
+    info: dict[str, Any] = {"path": str(path), "format": FORMATS[path.suffix]}
     tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")  # (torch.export.save wants a .pt2 name)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         if path.suffix == ".onnx":
             _write_onnx(model, program, tmp, opset=opset, names=names)
+            info["opset"] = opset
         else:
             torch.export.save(program, tmp)
-        info: dict[str, Any] = {"path": str(path), "format": FORMATS[path.suffix]}
-        if path.suffix == ".onnx":
-            info["opset"] = opset
-        with torch.no_grad():
-            want = ExportedOutputs(model).eval()(example_images(model, 3, seed=1))
-        info["outputs"] = {n: ["B", *t.shape[1:]] for n, t in zip(names, want)}
+        images = example_images(model, 3, seed=1)  # (the program was traced on 2)
+        with evaluating(model), torch.no_grad():
+            want = ExportedOutputs(model)(images)
+        info["outputs"] = {n: ["B", *t.shape[1:]] for n, t in zip(names, want, strict=True)}
         if check:
-            got = _run_file(tmp, path.suffix, example_images(model, 3, seed=1))
+            got = _run_file(tmp, path.suffix, images)
             diff = max((g.cpu() - w.cpu()).abs().max().item() for g, w in zip(got, want, strict=True))
             if not diff <= atol:
                 raise ExportError(f"{path}: the exported outputs differ from the model's by {diff:.3g} (> {atol:g})")
@@ -194,4 +199,4 @@ def _quiet() -> Iterator[None]:
                 lg.setLevel(level)
 
 
-__all__ = ["ATOL", "FORMATS", "OPSET", "export_model", "export_program", "output_names", "reference_routing"]
+__all__ = ["ATOL", "FORMATS", "OPSET", "OUTPUT_NAMES", "export_model", "export_program", "reference_routing"]
