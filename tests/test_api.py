@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from helpers import SMALL_MODEL, small_config, write_digits
+from test_devices_models import MODEL_KWARGS
 
 import capsnet
 from capsnet import CapsNet, create_model, list_models, load_pretrained
@@ -18,17 +19,10 @@ from capsnet.models.pretrained import StateDictError
 from capsnet.models.registry import MODELS, Registry
 from capsnet.training.config import TrainConfig
 
-# Small settings per model (input 1×28×28, 10 classes): milliseconds to build. A model missing here is built with
-# its defaults, so a newly registered model is covered too.
-TINY = {
-    "capsnet": SMALL_MODEL,
-    "baseline": {"channels": (4, 4), "hidden": (8, 8)},
-    "efficient-capsnet": {},
-    "em-capsnet": {"conv_channels": 8, "primary_types": 4, "caps1_types": 4, "caps2_types": 4, "n_classes": 10},
-    "inverted-attention-capsnet": {"stem_channels": 16, "primary_types": 4, "capsule_types": (4, 4)},
-    "self-routing-capsnet": {"resnet_widths": (8, 16), "resnet_blocks": 1, "primary_types": 4,
-                             "capsule_types": (4,), "capsule_strides": (2,)},
-}  # fmt: skip
+# Small settings per model (input 1×28×28, 10 classes): milliseconds to build; those of test_devices_models, plus
+# CapsNet's and the baseline's. A model missing here is built with its defaults, so a newly registered model is
+# covered too.
+TINY = {**MODEL_KWARGS, "capsnet": SMALL_MODEL, "baseline": {"channels": (4, 4), "hidden": (8, 8)}}
 INPUT = {"in_channels": 1, "image_size": 28}
 CARD = {
     "command": "capsnet train --out runs/x",
