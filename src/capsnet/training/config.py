@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import ConfigError
-from ..models.registry import MODELS, model_class
+from ..models.inputs import DATA_FIELDS  # model options that come from the data set rather than from flags
+from ..models.registry import MODELS
 
 
 @dataclass
@@ -77,7 +78,7 @@ class TrainConfig:
     model: str = field(default="capsnet", metadata={"help": f"the network: {', '.join(MODELS)}"})
 
     def __post_init__(self) -> None:
-        model_class(self.model)  # a ConfigError naming the known models
+        self.model = MODELS.canonical(self.model)  # an alias (e.g. baseline-cnn) names its model; else ConfigError
         for name in ("epochs", "batch_size", "eval_batch_size", "train_subset", "test_subset"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -138,5 +139,4 @@ def upgrade_train_dict(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-# Model options that come from the data set rather than from flags.
-DATA_FIELDS = ("in_channels", "image_size", "n_classes", "standardize", "class_names", "digits", "source_size")
+__all__ = ["DATA_FIELDS", "TrainConfig", "TrainResult"]

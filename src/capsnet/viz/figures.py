@@ -15,11 +15,10 @@ from pathlib import Path
 
 import torch
 
-from ..data.datasets import load_dataset
 from ..data.split import Split, to_float
 from ..errors import CapsNetError, CheckpointError, DatasetError
 from ..training.checkpoint import SUMMARY_NAME, read_summary, resolve_checkpoint
-from ..training.evaluate import check_split, evaluate, fit_to_model
+from ..training.evaluate import check_split, checkpoint_data, evaluate, fit_to_model
 from .common import (
     WRONG,
     _figure,
@@ -256,7 +255,7 @@ def visualize(
     checkpoint: str | os.PathLike,
     out_dir: str | os.PathLike,
     *,
-    dataset: str = "mnist-sample",
+    dataset: str | None = None,
     data_dir: str | None = None,
     seed: int = 0,
     n: int = 10,
@@ -267,14 +266,15 @@ def visualize(
 ) -> dict[str, Path]:
     """Write every figure for `checkpoint` into `out_dir`; returns {name: path} of the files written.
 
-    Examples are drawn from the test split with a generator seeded by `seed`: `n` for the reconstructions,
-    `n_perturb` of those (of different classes where possible) for the perturbations, the first one for the
-    routing figure. Figures
-    that do not apply (no decoder, no summary.csv) are skipped with a note through `log`.
+    The test split is that of the data the checkpoint was trained on (its run's config.json, or a shipped card),
+    unless `dataset` / `data_dir` name another. Examples are drawn from it with a generator seeded by `seed`: `n`
+    for the reconstructions, `n_perturb` of those (of different classes where possible) for the perturbations, the
+    first one for the routing figure. Figures that do not apply (no decoder, no summary.csv) are skipped with a
+    note through `log`.
     """
     model = load_capsnet(checkpoint, device=device, any_model=True)
     run_dir = run_folder_of(checkpoint)
-    data = load_dataset(dataset, data_dir=data_dir)
+    data = checkpoint_data(model, [checkpoint], dataset=dataset, data_dir=data_dir)  # default: what the run used
     check_split(model, data.test, source=data.source)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
