@@ -8,6 +8,7 @@ memory-mapped) as uint8 tensors and converted to float on the training device, b
 
 from __future__ import annotations
 
+import collections
 import os
 from pathlib import Path
 
@@ -20,8 +21,29 @@ from .split import Dataset
 BUNDLED = "mnist-sample"
 _BUNDLED_DIR = Path(__file__).resolve().parent / "files" / BUNDLED
 
-# Loaded sets by folder, keyed with file sizes and mtimes so an edited folder is read afresh.
-_CACHE: dict[tuple, Dataset] = {}
+# The sets loaded last, by folder, keyed with file sizes and mtimes so an edited folder is read afresh: at most
+# CACHE_SETS of them and CACHE_BYTES of images in all, the least recently used dropped first (a set larger than
+# CACHE_BYTES is not kept). Loading the same set again (evaluate after train, a notebook cell run twice) is then free,
+# while a process that goes through many sets holds only the last few.
+CACHE_SETS = 4
+CACHE_BYTES = 1 << 30
+_CACHE: collections.OrderedDict[tuple, Dataset] = collections.OrderedDict()
+
+
+def _nbytes(ds: Dataset) -> int:
+    splits = [s for s in (ds.train, ds.test) if s is not None]
+    return sum(s.images.nbytes + s.labels.nbytes for s in splits)
+
+
+def _remember(key: tuple, ds: Dataset) -> None:
+    _CACHE[key] = ds
+    while _CACHE and (len(_CACHE) > CACHE_SETS or sum(map(_nbytes, _CACHE.values())) > CACHE_BYTES):
+        _CACHE.popitem(last=False)
+
+
+def clear_cache() -> None:
+    """Forget every set loaded so far (their memory is freed once nothing else refers to them)."""
+    _CACHE.clear()
 
 
 def _load_cached(folder: Path, *, name: str, source: str, fmt: str | None = None, **options) -> Dataset:
@@ -37,9 +59,12 @@ def _load_cached(folder: Path, *, name: str, source: str, fmt: str | None = None
         files = sorted(p for d in dirs if d.is_dir() for p in d.iterdir() if p.is_file())
     stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     key = (str(folder.resolve()), name, source, fmt, tuple(sorted(options.items())), stamp)
-    if key not in _CACHE:
-        _CACHE[key] = sources.load(folder, fmt, name=name, source=source, **options)
-    return _CACHE[key]
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    ds = sources.load(folder, fmt, name=name, source=source, **options)
+    _remember(key, ds)
+    return ds
 
 
 def resolve(
