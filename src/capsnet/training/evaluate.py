@@ -13,13 +13,14 @@ import torch
 from ..data.datasets import load_dataset
 from ..data.imageaug import center_crop
 from ..data.images import load_image, load_image_resized
-from ..data.split import Split, to_float
-from ..errors import DatasetError
+from ..data.split import Dataset, Split, to_float
+from ..errors import ConfigError, DatasetError
 from ..models.inputs import image_hw
 from ..models.pretrained import load_pretrained
 from . import distributed as dist_utils
 from .checkpoint import resolve_checkpoint
 from .ensemble import Ensemble
+from .hardware import resolve_device
 
 
 def check_split(model: torch.nn.Module, split: Split, *, source: str) -> None:
@@ -96,22 +97,34 @@ def evaluate_checkpoint(
     """Load a run folder or save_pretrained folder and evaluate it on a data set split. Several checkpoints are
     evaluated as one :class:`capsnet.training.ensemble.Ensemble` (their capsule lengths averaged).
 
-    Image folders are converted as for training: to the size the model recorded (before its crops) and channels."""
+    Image folders are converted as for training (:func:`load_data_for`). `device`: cpu, cuda, cuda:K or auto."""
+    if batch_size < 1:
+        raise ConfigError(f"batch size must be >= 1, got {batch_size}")
     paths = list(checkpoint) if isinstance(checkpoint, (list, tuple)) else [checkpoint]
-    models = [load_pretrained(resolve_checkpoint(c), map_location=device) for c in paths]
+    models = [load_pretrained(resolve_checkpoint(c), map_location=resolve_device(device)) for c in paths]
     model = models[0] if len(models) == 1 else Ensemble(models)
     cfg: Any = model.config
-    size = tuple(getattr(cfg, "source_size", ())) or image_hw(cfg.image_size)
-    data = load_dataset(dataset, data_dir=data_dir, image_size=size, channels=cfg.in_channels,
-                        **_run_data_options(paths[0]))  # fmt: skip
+    data = load_data_for(model, dataset, data_dir=data_dir, checkpoint=paths[0])
     chosen = data.test if split == "test" else data.train
     if chosen is None:
         raise DatasetError(f"{data.source}: has no {split} split")
     check_split(model, chosen, source=data.source)
-    result = evaluate(model, chosen, batch_size=batch_size, device=device)
+    result = evaluate(model, chosen, batch_size=batch_size, device=resolve_device(device))
     result.update(checkpoint=str(paths[0]) if len(paths) == 1 else [str(p) for p in paths], dataset=data.name,
                   split=split, class_names=[class_name(cfg, k) for k in range(cfg.n_classes)])  # fmt: skip
     return result
+
+
+def load_data_for(
+    model: torch.nn.Module, dataset: str, *, data_dir: str | None = None, checkpoint: str | os.PathLike | None = None
+) -> Dataset:
+    """`dataset` loaded as `model` was trained on it: image folders converted to the size the model recorded (before
+    its crops) and to its channels, a single folder split as the training run split it (`checkpoint`'s run
+    config.json). What `evaluate` and `visualize` read."""
+    cfg: Any = model.config
+    size = tuple(getattr(cfg, "source_size", ())) or image_hw(cfg.image_size)
+    options = _run_data_options(checkpoint) if checkpoint is not None else {}
+    return load_dataset(dataset, data_dir=data_dir, image_size=size, channels=cfg.in_channels, **options)
 
 
 def _run_data_options(checkpoint) -> dict:

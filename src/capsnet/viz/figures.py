@@ -15,11 +15,10 @@ from pathlib import Path
 
 import torch
 
-from ..data.datasets import load_dataset
 from ..data.split import Split, to_float
 from ..errors import CapsNetError, CheckpointError, DatasetError
 from ..training.checkpoint import SUMMARY_NAME, read_summary, resolve_checkpoint
-from ..training.evaluate import check_split, evaluate, fit_to_model
+from ..training.evaluate import check_split, evaluate, fit_to_model, load_data_for
 from .common import (
     WRONG,
     _figure,
@@ -271,7 +270,7 @@ def visualize(
     """
     model = load_capsnet(checkpoint, device=device, any_model=True)
     run_dir = run_folder_of(checkpoint)
-    data = load_dataset(dataset, data_dir=data_dir)
+    data = load_data_for(model, dataset, data_dir=data_dir, checkpoint=checkpoint)  # as `evaluate` reads it
     check_split(model, data.test, source=data.source)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
