@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ..errors import ConfigError
+from ..data.folder import parse_size
+from ..errors import ConfigError, DatasetError
 from ..models.registry import MODELS, model_class
 
 
@@ -76,6 +77,14 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.shift < 0:
             raise ConfigError(f"shift must be >= 0, got {self.shift}")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        if self.image_channels not in (None, 1, 3):
+            raise ConfigError(f"image_channels must be 1 (greyscale) or 3 (RGB), got {self.image_channels}")
+        try:
+            parse_size(self.image_size)
+        except DatasetError as e:
+            raise ConfigError(str(e)) from None
         lr_ok = self.lr is None or self.lr > 0
         if not (lr_ok and 0 < self.lr_end <= 1 and (self.lr_decay is None or 0 < self.lr_decay <= 1)):
             raise ConfigError("need lr > 0, 0 < lr_decay <= 1 and 0 < lr_end <= 1")
