@@ -66,6 +66,8 @@ def fetch_url(
     dest = Path(dest)
     if retries < 1:
         raise ValueError(f"retries must be >= 1, got {retries}")
+    if dest.is_file() and _matches(dest, md5, sha256):
+        return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(dest.parent / f".{dest.name}.lock"):
         if dest.is_file() and _matches(dest, md5, sha256):  # (fetched meanwhile by another process)
