@@ -6,9 +6,9 @@
   replaces `dest` only once the whole body is in and checked: a failed, cut or interrupted (Ctrl-C, a kill) download
   never leaves a partial file at `dest`.
 - Checked: the bytes received against the Content-Length the server announced, then the MD5 / SHA-256 if given.
-- A try that fails for a reason another try may not meet (a connection dropped mid-body, a body cut short, a chunked
-  response cut off, a timeout, HTTP 5xx, 408 or 429, wrong bytes) is repeated up to `retries` times, the wait
-  doubling from `backoff` seconds. HTTP 4xx, an unknown host and a malformed URL fail at once.
+- A try that fails in a way the next one may not (a connection dropped mid-body, a body cut short, a chunked
+  response cut off, a timeout, HTTP 5xx, 408 or 429, wrong bytes) is repeated, up to `retries` tries in all, the
+  wait doubling from `backoff` seconds. HTTP 4xx, an unknown host and a malformed URL fail at once.
 - `timeout` bounds each connect and each read, not the whole download.
 - Several processes that fetch the same `dest` at once (torchrun ranks on one machine, parallel jobs sharing a
   cache) take turns on a lock file beside it (:func:`file_lock`); the first downloads, the others find `dest` there.
