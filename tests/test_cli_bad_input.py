@@ -1,9 +1,9 @@
 """Every bad value of every option of every subcommand: one line on stderr, exit status 2, no traceback.
 
 The cases are generated from the real parser (`capsnet.cli.build_parser()`): each option's bad values follow from
-its type (int: 0, -1, not a number; float: -1, nan; choices: an unknown one) or, for paths, devices and other
-strings, from its name (RULES). A subcommand added later is covered as long as its options are of those kinds; an
-option of no known kind fails `test_every_option_has_bad_values_or_a_reason`, naming it.
+its type (int: 0, -1, not a number; float: -1, nan, not a number; choices: an unknown one) or, for paths, devices
+and other strings, from its name (KINDS). A subcommand added later is covered as long as its options are of those
+kinds; an option of no known kind fails `test_every_option_has_bad_values_or_a_reason`, naming it.
 
 Each case runs in-process through `capsnet.cli.main`. The rest of the command line holds safe, quick values
 (SAFE), and training is stopped before its first step (`train_epoch` raises), so a bad value that is not refused
@@ -128,11 +128,13 @@ BAD_VALUES = {
     "out": ["a file", "unwritable"],
     "resume": ["corrupt state", "another model's run"],
 }  # fmt: skip
-# Where a path cannot be made unreadable to root (it reads through any mode), a symlink loop stands in: an OSError
-# on any open, as a permission error is for other users.
+# "unreadable" is a symlink to itself (an OSError on any open, for root too) and "unwritable" a folder under a file
+# (no one can create it). Permission bits stop other users only (root reads and writes through any mode): for them
+# also a path inside a folder of mode 0, and an --out inside a read-only folder.
 if not ROOT:
     for kind in ("folder", "data", "file", "image", "checkpoint"):
         BAD_VALUES[kind].append("no permission")
+    BAD_VALUES["out"].append("read-only parent")
 # Values that only the training of some models reads: the flag goes with a model that takes it.
 MODEL_OPTIONS = model_options()
 
@@ -225,6 +227,10 @@ def _bad_path(case: Case, files: dict[str, Path], tmp: Path) -> str:
         return str(base / "other-model")
     if kind == "unwritable":  # a folder under a file: no one, root included, can create it
         return str(base / "a-file.txt" / "run")
+    if kind == "read-only parent":
+        (tmp / "locked").mkdir()
+        (tmp / "locked").chmod(0o555)
+        return str(tmp / "locked" / "run")
     if kind == "corrupt state":
         return str(shutil.copytree(base / "corrupt-run", tmp / "corrupt-run"))
     if kind == "another model's run":
@@ -233,8 +239,8 @@ def _bad_path(case: Case, files: dict[str, Path], tmp: Path) -> str:
 
 
 PATH_VALUES = {"missing", "a file", "a folder", "unreadable", "no permission", "empty folder", "corrupt",
-               "corrupt weights", "corrupt config", "another model's weights", "unwritable", "corrupt state",
-               "another model's run", "not a data set"}  # fmt: skip
+               "corrupt weights", "corrupt config", "another model's weights", "unwritable", "read-only parent",
+               "corrupt state", "another model's run", "not a data set"}  # fmt: skip
 
 
 def _argv(case: Case, parser: argparse.ArgumentParser, files: dict[str, Path], tmp: Path) -> list[str]:
