@@ -184,7 +184,9 @@ def init_from_data(model: Pretrained, task: Task, config: TrainConfig, device: t
     generator = torch.Generator(device=device).manual_seed(config.seed * 1009)  # as rank 0's augment_rng
     batches = task.batches(epoch=0, batch_size=config.batch_size, seed=config.seed, rank=0,
                            world_size=dist.world_size, device=device, generator=generator)  # fmt: skip
-    model.init_from_data(next(iter(batches)).images)
+    first = next(iter(batches), None)
+    if first is not None:  # (an epoch without batches trains nothing either)
+        model.init_from_data(first.images)
 
 
 def _match_grad_strides(model: torch.nn.Module) -> None:
