@@ -45,7 +45,7 @@ from ..nn.primary import conv_output_size
 from ..nn.squash import efficient_squash
 from ..routing.self_attention import SelfAttentionRouter
 from .capsnet import CapsNet, CapsNetOutput
-from .inputs import check_images
+from .inputs import check_images, check_loss_options
 from .pretrained import Pretrained
 
 
@@ -88,6 +88,7 @@ class EfficientCapsNetConfig:
         for name in ("in_channels", "image_size", "n_classes", "primary_dim", "class_dim"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_loss_options(self)
         layers = (self.backbone_channels, self.backbone_kernels, self.backbone_strides)
         if not self.backbone_channels or len(set(map(len, layers))) != 1 or min(min(x) for x in layers) < 1:
             raise ConfigError("backbone_channels, backbone_kernels and backbone_strides need one positive value "

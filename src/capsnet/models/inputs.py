@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,3 +67,15 @@ def check_capsule_layers(config: Any) -> None:
         raise ConfigError(f"pose_dim must be a square (poses are matrices), got {config.pose_dim}")
     if config.grids[-1] < 1:
         raise ConfigError(f"image_size {config.image_size} is too small for the capsule layers")
+
+
+def check_loss_options(config: Any) -> None:
+    """ConfigError unless a config's decoder and loss options are usable: positive `decoder_hidden` sizes, a finite
+    `recon_weight` >= 0 and a `router_init_std` (when set) > 0."""
+    if min((*config.decoder_hidden, 1)) < 1:
+        raise ConfigError(f"decoder_hidden sizes must be >= 1, got {list(config.decoder_hidden)}")
+    if not math.isfinite(config.recon_weight) or config.recon_weight < 0:
+        raise ConfigError(f"recon_weight must be a number >= 0, got {config.recon_weight}")
+    std = config.router_init_std
+    if std is not None and not (math.isfinite(std) and std > 0):
+        raise ConfigError(f"router_init_std must be > 0, got {std}")

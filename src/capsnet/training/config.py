@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import ConfigError
+from ..data.folder import parse_size
+from ..errors import ConfigError, DatasetError
 from ..models.inputs import DATA_FIELDS  # model options that come from the data set rather than from flags
 from ..models.registry import MODELS
 
@@ -88,6 +89,12 @@ class TrainConfig:
             raise ConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if not 0 < self.test_fraction < 1:
             raise ConfigError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.image_channels not in (None, 1, 3):
+            raise ConfigError(f"image_channels must be 1 (greyscale) or 3 (RGB), got {self.image_channels}")
+        try:
+            parse_size(self.image_size)
+        except DatasetError as e:
+            raise ConfigError(str(e)) from None
         lr_ok = self.lr is None or self.lr > 0
         if not (lr_ok and 0 < self.lr_end <= 1 and (self.lr_decay is None or 0 < self.lr_decay <= 1)):
             raise ConfigError("need lr > 0, 0 < lr_decay <= 1 and 0 < lr_end <= 1")

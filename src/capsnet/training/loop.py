@@ -176,6 +176,8 @@ def build(config: TrainConfig, model_config, device: torch.device, dist, task: T
     augment_rng = torch.Generator(device=device).manual_seed(config.seed * 1009 + dist.rank)
 
     trained = task.wrap(model)  # the module whose forward the loop runs (the model itself by default)
+    if not config.resume:  # (a resumed run's weights have it already)
+        init_from_data(model, task, config, device, dist)
     if dist.enabled:
         ids = [device] if device.type == "cuda" else None
         _match_grad_strides(model)
@@ -185,6 +187,21 @@ def build(config: TrainConfig, model_config, device: torch.device, dist, task: T
     return Run(
         config, model_config, device, dist, task, model, trained, optimizer, scheduler, augment_rng, run_dir, saved
     )
+
+
+def init_from_data(model: Pretrained, task: Task, config: TrainConfig, device: torch.device, dist) -> None:
+    """The model's data-dependent initialisation (:meth:`Pretrained.init_from_data`), to run before DDP wraps it:
+    on rank 0's first batch of epoch 0, which every rank computes alike from the seed (rank 0's augmentation seed
+    too), so that all ranks start from the same weights. Nothing for a model that needs none."""
+    if getattr(type(model), "init_from_data", Pretrained.init_from_data) is Pretrained.init_from_data:
+        return
+    assert config.batch_size is not None  # resolved in build()
+    generator = torch.Generator(device=device).manual_seed(config.seed * 1009)  # as rank 0's augment_rng
+    batches = task.batches(epoch=0, batch_size=config.batch_size, seed=config.seed, rank=0,
+                           world_size=dist.world_size, device=device, generator=generator)  # fmt: skip
+    first = next(iter(batches), None)
+    if first is not None:  # (an epoch without batches trains nothing either)
+        model.init_from_data(first.images)
 
 
 def _match_grad_strides(model: torch.nn.Module) -> None:
