@@ -34,6 +34,7 @@ from .checkpoint import STATE_NAME, get_rng_states, load_state, save_state, set_
 from .config import DATA_FIELDS, TrainConfig, TrainResult
 from .hardware import default_batch_size, precision_note, rank_device, resolve_device
 from .memory import check_memory
+from .profiling import phase
 from .progress import _Logger, _StopFlag
 from .tasks import Batch, ClassificationTask, Task
 
@@ -286,10 +287,13 @@ def train_step(run: Run, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         batch.images = batch.images.contiguous(memory_format=torch.channels_last)
     with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.config.precision == "bf16"):
         out = run.task.forward(run.trained, batch)
-        loss, n_correct = run.task.loss(run.model, out, batch)
-    run.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    run.optimizer.step()
+        with phase("loss"):  # (profiler ranges, no-ops unless a profile is taken: capsnet.training.profiling)
+            loss, n_correct = run.task.loss(run.model, out, batch)
+    with phase("backward"):
+        run.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+    with phase("optimizer"):
+        run.optimizer.step()
     return loss.detach(), n_correct
 
 
