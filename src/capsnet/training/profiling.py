@@ -194,8 +194,14 @@ def profile_training(config, model_config=None, *, steps: int = 5, warmup: int =
     device = resolve_device(config.device)
     run = build(config, model_config, device, DistInfo(), None)
     assert run.config.batch_size is not None  # (the device's default is filled in by build)
-    batches = run.task.batches(epoch=0, batch_size=run.config.batch_size, seed=config.seed, rank=0, world_size=1,
-                               device=device, generator=run.augment_rng)  # fmt: skip
+    size: int = run.config.batch_size
+
+    def epochs() -> Iterator[Any]:  # the training batches, epoch after epoch
+        for epoch in itertools.count():
+            yield from run.task.batches(epoch=epoch, batch_size=size, seed=config.seed, rank=0, world_size=1,
+                                        device=device, generator=run.augment_rng)  # fmt: skip
+
+    batches = epochs()
     run.model.train()
 
     def one_step() -> None:
