@@ -153,8 +153,10 @@ def test_captured_steps_equal_eager_steps(tmp_path, shift):
                 assert (g - g_e).abs().max().item() <= 1e-4 * max(g_e.abs().max().item(), 1e-6), k
         for p, q in zip(graphed.model.parameters(), eager.model.parameters(), strict=True):
             assert (p - q).abs().max().item() <= 1e-5
-        eager.scheduler.step(), graphed.scheduler.step()  # the schedule reaches the captured Adam
-        assert float(graphed.optimizer.param_groups[0]["lr"]) == pytest.approx(eager.optimizer.param_groups[0]["lr"])
+        lr = graphed.optimizer.param_groups[0]["lr"]  # a device tensor since the capture
+        eager.scheduler.step(), graphed.scheduler.step()  # the schedule reaches the captured Adam: in place
+        assert graphed.optimizer.param_groups[0]["lr"] is lr and lr.is_cuda
+        assert lr.item() == pytest.approx(eager.optimizer.param_groups[0]["lr"])
     finally:
         torch.backends.cudnn.deterministic = old
 
