@@ -322,19 +322,65 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def time_epochs(args, dataset: str, n: int, device: torch.device, model_config, until: float):
-    """The epoch table's rows (variants in order, both batches each) until `until` (perf_counter), and what was
-    not timed for lack of time."""
-    rows, skipped = [], []
+def time_epochs(args, dataset: str, n: int, device: torch.device, model_config, until: float, report: dict,
+                save) -> None:  # fmt: skip
+    """The epoch table's rows (variants in order, both batches each) until `until` (perf_counter) into
+    report["epochs"] (saved after each), and what was not timed for lack of time into report["skipped_for_time"]."""
     batches = [32] if args.smoke else args.batches
     for run in ("labml", *args.variants):
         for batch in batches:
             if time.perf_counter() > until:
-                skipped.append(f"{run} at batch {batch}")
+                report["skipped_for_time"].append(f"{run} at batch {batch}")
                 continue
-            rows.append(timed_row(run, dataset, batch, device, n, model_config))
-            print(json.dumps(rows[-1]), flush=True)
-    return rows, skipped
+            report["epochs"].append(timed_row(run, dataset, batch, device, n, model_config))
+            print(json.dumps(report["epochs"][-1]), flush=True)
+            save()
+
+
+def run_check(args, device: torch.device, out: Path, t_start: float) -> dict:
+    """Every part of the check in turn; OUT's JSON and markdown are rewritten after each (a run stopped early still
+    leaves what it measured)."""
+    budget = args.minutes * 60
+    model_config = SMOKE_MODEL if args.smoke else None
+    with tempfile.TemporaryDirectory(prefix="capsnet-gpu-check-data-") as tmp:
+        dataset, described = epoch_data(args.smoke, Path(tmp))
+        n = len(load_dataset(dataset).train)
+        report = {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (smoke)",
+                  "torch": torch.__version__, "triton": triton_version(), "data": described,
+                  "bf16_native": bf16_native(device), "smoke": args.smoke, "minutes": args.minutes,
+                  "tests": {"command": "not run yet", "exit_code": None, "counts": {}}, "profile": [], "routing": [],
+                  "epochs": [], "skipped_for_time": [], "accuracy": {"skipped": "not reached"}}  # fmt: skip
+
+        def save() -> None:
+            report["seconds"] = time.perf_counter() - t_start
+            (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
+            (out / "gpu_check.md").write_text(markdown(report))
+
+        if args.skip_tests:
+            report["tests"] = {"command": "skipped", "exit_code": None, "counts": {}}
+        else:
+            report["tests"] = run_tests(args.device, timeout=max(0.3 * budget, 150.0), log=out / "pytest.log")
+        save()
+        batches = [32] if args.smoke else args.batches
+        if args.profile:
+            report["profile"] = run_profile(device, batches, args.profile_variants, args.smoke, dataset, model_config)
+            save()
+        # The epochs until 95% of the budget (70% with the accuracy run after them), less the routing benchmarks'.
+        limit = 300.0 if args.smoke else 0.1 * budget  # each routing benchmark's (a smoke run's CPU may be busy)
+        until = (0.95 if args.no_accuracy else 0.7) * budget - (0 if args.skip_routing else min(2 * limit, 90.0))
+        until = float("inf") if args.smoke else t_start + until  # (a dry run times every row)
+        time_epochs(args, dataset, n, device, model_config, until, report, save)
+        report["routing"] = [] if args.skip_routing else run_routing(args.device, args.smoke, limit)
+        save()
+        capsnet_rows = [r for r in report["epochs"] if r["loop"] == "capsnet" and "error" not in r]
+        left = max(30.0, budget - (time.perf_counter() - t_start) - 20.0)
+        if args.no_accuracy or not capsnet_rows:
+            report["accuracy"] = {"skipped": "--no-accuracy" if args.no_accuracy else "no capsnet variant ran"}
+        else:
+            best = max(capsnet_rows, key=lambda r: r["images_per_s"])
+            report["accuracy"] = accuracy_run(best, device, left, args.smoke, dataset, model_config)
+        save()
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,40 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     if device.type != "cuda" and not args.smoke:
         print("error: the check needs --device cuda (or --smoke for a dry run)", file=sys.stderr)
         return 2
-    t_start = time.perf_counter()
-    budget = args.minutes * 60
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model_config = SMOKE_MODEL if args.smoke else None
-    with tempfile.TemporaryDirectory(prefix="capsnet-gpu-check-data-") as tmp:
-        dataset, described = epoch_data(args.smoke, Path(tmp))
-        n = len(load_dataset(dataset).train)
-        report = {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (smoke)",
-                  "torch": torch.__version__, "triton": triton_version(), "data": described,
-                  "bf16_native": bf16_native(device), "smoke": args.smoke, "minutes": args.minutes}  # fmt: skip
-        report["tests"] = (
-            {"command": "skipped", "exit_code": None, "counts": {}}
-            if args.skip_tests
-            else run_tests(args.device, timeout=0.3 * budget, log=out / "pytest.log")
-        )
-        batches = [32] if args.smoke else args.batches
-        report["profile"] = (run_profile(device, batches, args.profile_variants, args.smoke, dataset, model_config)
-                             if args.profile else [])  # fmt: skip
-        limit = 300.0 if args.smoke else 0.1 * budget  # (a smoke run's CPU may be busy with other tests)
-        report["routing"] = [] if args.skip_routing else run_routing(args.device, args.smoke, limit)
-        share = 0.95 if args.no_accuracy else 0.7  # of the budget, for the epochs (the rest: the accuracy run)
-        report["epochs"], report["skipped_for_time"] = time_epochs(args, dataset, n, device, model_config,
-                                                                   t_start + share * budget)  # fmt: skip
-        capsnet_rows = [r for r in report["epochs"] if r["loop"] == "capsnet" and "error" not in r]
-        left = max(30.0, budget - (time.perf_counter() - t_start) - 20.0)
-        if args.no_accuracy or not capsnet_rows:
-            report["accuracy"] = {"skipped": "--no-accuracy" if args.no_accuracy else "no capsnet variant ran"}
-        else:
-            best = max(capsnet_rows, key=lambda r: r["images_per_s"])
-            report["accuracy"] = accuracy_run(best, device, left, args.smoke, dataset, model_config)
-    report["seconds"] = time.perf_counter() - t_start
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "gpu_check.md").write_text(markdown(report))
+    report = run_check(args, device, out, time.perf_counter())
     print(markdown(report))
     routing_ok = all(r["exit_code"] == 0 for r in report["routing"])
     failed = [r for r in report["epochs"] + report["profile"] if "error" in r]

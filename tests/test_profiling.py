@@ -69,7 +69,8 @@ def test_cuda_kernels_are_attributed_to_the_phase_of_their_operator_forward_and_
                _event("wgrad", 40, 60, device=_Device.CUDA, link=12),
                _event("dgrad", 60, 70, device=_Device.CUDA, link=12),
                _event("add_kernel", 80, 85, device=_Device.CUDA, link=13)]  # fmt: skip
-    events = [step, conv, conv_op, backward, node, grad_op, other_op, *launches, *kernels]
+    on_gpu = [_event(name, 9, 86, device=_Device.CUDA, annotation=True) for name in (profiling.STEP, "conv")]
+    events = [step, conv, conv_op, backward, node, grad_op, other_op, *launches, *kernels, *on_gpu]
     report = summarize(events, steps=1, device_type="cuda")
     phases = {p["phase"]: p for p in report["phases"]}
     assert phases["conv"]["forward_ms"] == 0.030 and phases["conv"]["backward_ms"] == 0.030

@@ -133,8 +133,9 @@ def test_without_the_switch_router_keeps_its_paths(monkeypatch):
 # ------------------------------------------------------------------------------------------------ on a GPU
 @on_gpu
 @pytest.mark.parametrize("detach_votes", [False, True])
-@pytest.mark.parametrize("shape", [(5, 24, 4, 4, 6), (64, 1152, 10, 8, 16)], ids=["small", "mnist"])
-def test_router_on_cuda_with_the_kernels_matches_float64(monkeypatch, shape, detach_votes):
+@pytest.mark.parametrize("shape, tol", [((5, 24, 4, 4, 6), 2e-5), ((64, 1152, 10, 8, 16), 1e-4)],
+                         ids=["small", "mnist"])  # (float32 sums over 1152 capsules)  # fmt: skip
+def test_router_on_cuda_with_the_kernels_matches_float64(monkeypatch, shape, tol, detach_votes):
     monkeypatch.setenv("CAPSNET_TRITON", "1")
     batch, n_in, n_out, d_in, d_out = shape
     u, w, gv, gc = _inputs(batch, n_in, n_out, d_in, d_out, dtype=torch.float32, device="cuda")
@@ -146,7 +147,7 @@ def test_router_on_cuda_with_the_kernels_matches_float64(monkeypatch, shape, det
     ((v * gv).sum() + (c * gc).sum()).backward()
     got = [v, c, x.grad, router.weight.grad]
     for name, a, b in zip(("v", "c", "du", "dw"), got, _reference(u, w, gv, gc, 3, detach_votes), strict=True):
-        assert a.is_cuda and (a.double().cpu() - b).abs().max().item() <= 2e-5 * max(1.0, b.abs().max().item()), name
+        assert a.is_cuda and (a.double().cpu() - b).abs().max().item() <= tol * max(1.0, b.abs().max().item()), name
     assert router.weight.grad.stride() == router.weight.stride()
 
 

@@ -161,7 +161,7 @@ def build(config: TrainConfig, model_config, device: torch.device, dist, task: T
     model = model_class(config=model_config).to(device)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # (not in the stubs)
-    capturable = config.cuda_graphs and device.type == "cuda"
+    capturable = config.cuda_graphs and device.type == "cuda" and not (config.compile or dist.enabled)  # (graphs.py)
     optimizer = make_adam(list(model.parameters()), lr=config.learning_rate, device=device, capturable=capturable)
     if device.type == "cuda" and config.cudnn_benchmark is not None:
         torch.backends.cudnn.benchmark = config.cudnn_benchmark

@@ -119,11 +119,12 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
 
 
 def _cuda_kernels(events) -> tuple[list, list[float], float, float]:
-    """(kernel, launching operator, µs) for every device activity; the host's gaps between launch calls; the
-    device's busy time (the union of its activities) and the window from the first to the last one (µs)."""
+    """(kernel, launching operator, µs) for every device activity (kernels, copies, fills; not the ranges' copies
+    on the device's timeline); the host's gaps between launch calls; the device's busy time (the union of its
+    activities) and the window from the first to the last one (µs)."""
     ops = {e.id: e for e in events if e.device_type.name == "CPU" and e.linked_correlation_id == 0}
     kernels = [(e, ops.get(e.linked_correlation_id), e.time_range.end - e.time_range.start)
-               for e in events if e.device_type.name == "CUDA"]  # fmt: skip
+               for e in events if e.device_type.name == "CUDA" and not e.is_user_annotation]  # fmt: skip
     calls = sorted(e.time_range.start for e in events if e.device_type.name == "CPU" and e.linked_correlation_id > 0)
     spans = [(e.time_range.start, e.time_range.end) for e, _, _ in kernels]
     window = (max(b for _, b in spans) - min(a for a, _ in spans)) if spans else 0.0
@@ -148,7 +149,7 @@ def summarize(events, *, steps: int, device_type: str, top: int = 12, labels: se
     events = list(events)
     labels = set(_labels if labels is None else labels)
     forward = _forward_phases(events, labels)
-    step_ranges = [e for e in events if e.is_user_annotation and e.name == STEP]
+    step_ranges = [e for e in events if e.is_user_annotation and e.name == STEP and e.device_type.name == "CPU"]
     step_us = sum(e.time_range.end - e.time_range.start for e in step_ranges) / max(len(step_ranges), 1)
     found = _cuda_kernels(events) if device_type == "cuda" else _cpu_kernels(events, step_us * steps)
     kernels, gaps, busy, window = found
