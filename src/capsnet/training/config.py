@@ -72,6 +72,17 @@ class TrainConfig:
     precision: Literal["fp32", "bf16"] = field(default="fp32", metadata={"help": "bf16 runs under autocast"})
     channels_last: bool = field(default=False, metadata={"help": "channels-last memory format for the convolutions"})
     compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
+    cuda_graphs: bool = field(
+        default=False,
+        metadata={"help": "CUDA: capture the whole training step (batch gather and augmentation, forward, backward, "
+                  "Adam) as one CUDA graph and replay it; the epoch's last, smaller batch runs eagerly; where it "
+                  "cannot be captured, one line and eager training"},
+    )  # fmt: skip
+    cudnn_benchmark: bool | None = field(
+        default=None,
+        metadata={"help": "CUDA: let cuDNN time its convolution algorithms for each new input shape "
+                  "(torch.backends.cudnn.benchmark); unset: the session's setting (PyTorch's default: off)"},
+    )  # fmt: skip
     out: str = field(default="runs/capsnet", metadata={"help": "run folder for checkpoints and metrics"})
     resume: bool = field(default=False, metadata={"help": "continue the run in --out from its last checkpoint"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
