@@ -15,10 +15,12 @@ def to_float(images: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Split:
-    """One split in memory: uint8 images [N, C, H, W] and int64 labels [N]."""
+    """One split in memory: uint8 images [N, C, H, W] and int64 labels [N]; `channel_stats`, per-channel pixel mean
+    and std, when the reader measured them on the originals before resizing (capsnet.data.scaling)."""
 
     images: torch.Tensor
     labels: torch.Tensor
+    channel_stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])

@@ -109,4 +109,5 @@ class TrainResult:
 
 
 # Model options that come from the data set rather than from flags.
-DATA_FIELDS = ("in_channels", "image_size", "n_classes", "standardize", "class_names", "digits", "source_size")
+DATA_FIELDS = ("in_channels", "image_size", "n_classes", "standardize", "class_names", "digits", "source_size",
+               "input_divisor", "channel_standardize", "channel_mean", "channel_std")  # fmt: skip
