@@ -90,7 +90,7 @@ class EfficientCapsNetConfig(RecordedData):
         default=0.01, metadata={"help": "BatchNorm running-average momentum, PyTorch's convention (Keras 0.99 = 0.01)"}
     )
     init_style: Literal["keras", "pytorch"] = field(
-        default="keras", metadata={"help": "initialisation: keras (the authors' initialisers) or pytorch (layer defaults)"}
+        default="keras", metadata={"help": "init: keras (the authors' initialisers) or pytorch (the layers' defaults)"}
     )
     primary_kernel: int | None = field(
         default=None, metadata={"help": "depthwise primary convolution kernel (default: the last feature map's side)"}
@@ -172,6 +172,7 @@ class EfficientCapsNetConfig(RecordedData):
             backbone_norm="instance",
             backbone_activation="leaky-relu",
             decoder_type="conv",
+            input_divisor=255.0,  # (their smallNORB input is standardized per channel: see data_recipes)
         )
         return cls(**{**preset, **overrides})
 
@@ -253,12 +254,12 @@ class EfficientCapsNet(Pretrained, nn.Module):
         for m in self.backbone:
             if isinstance(m, nn.Conv2d):  # Conv2D(kernel_initializer="he_normal"), zero bias
                 keras_init_(m.weight, "he_normal", conv_keras_shape(m.weight))
-                nn.init.zeros_(m.bias)
+                nn.init.zeros_(m.bias)  # type: ignore[arg-type]  # (built with a bias)
             elif isinstance(m, nn.InstanceNorm2d):  # tfa InstanceNormalization(γ, β "random_uniform")
                 keras_init_(m.weight, "random_uniform")
                 keras_init_(m.bias, "random_uniform")
         keras_init_(self.primary.weight, "glorot_uniform", conv_keras_shape(self.primary.weight))  # Keras default
-        nn.init.zeros_(self.primary.bias)
+        nn.init.zeros_(self.primary.bias)  # type: ignore[arg-type]
         router = self.class_caps
         if self.config.router_init_std is None:  # FCCaps W "he_normal" on its Keras shape [out, in, in_d, out_d]
             keras_init_(router.weight, "he_normal", (router.out_caps, router.in_caps, router.in_d, router.out_d))
