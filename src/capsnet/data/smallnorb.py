@@ -94,7 +94,7 @@ def resize_bilinear(images: np.ndarray, size: int, *, chunk: int = 512) -> np.nd
     coordinate (i + ½)·H/size − ½, clamped at the edges; tf.image.resize's bilinear default), rounded to uint8."""
     out = np.empty((*images.shape[:2], size, size), dtype=np.uint8)
     for start in range(0, len(images), chunk):
-        x = torch.from_numpy(np.ascontiguousarray(images[start : start + chunk])).to(torch.float32)
+        x = torch.tensor(images[start : start + chunk], dtype=torch.float32)  # (a copy: the bytes are read-only)
         y = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
         out[start : start + chunk] = y.round_().clamp_(0, 255).to(torch.uint8).numpy()
     return out

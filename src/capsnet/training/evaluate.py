@@ -158,7 +158,8 @@ def class_name(cfg, k: int) -> str:
 def predict(model: torch.nn.Module, images: list[str | Path]) -> list[dict]:
     cfg = model.config
     device = next(model.parameters()).device
-    batch = model_scaling(cfg)(torch.stack([prepare_image(p, cfg) for p in images]).to(device))
+    scaling = model_scaling(cfg)  # what it was trained on (a standardizing model: its training split's statistics)
+    batch = scaling(torch.stack([prepare_image(p, cfg) for p in images]).to(device))
     out = model.eval()(batch)
     return [
         {"image": str(p), "class": int(c), "name": class_name(cfg, int(c)),

@@ -9,6 +9,9 @@ that reads it. Each module provides
 and raises :class:`capsnet.errors.CheckpointError` (one line) for a file it cannot read: not the format, a tensor
 missing or of the wrong shape, named. The modules import their readers (h5py, ...) lazily, so listing the formats
 needs none of them.
+
+May import: capsnet.models, capsnet.nn, capsnet.routing and the foundation modules (as capsnet.models); never data,
+training or above.
 """
 
 from __future__ import annotations
