@@ -148,10 +148,13 @@ def test_multimnist_preset_is_the_authors():
     assert (cfg.image_size, cfg.feature_size, cfg.primary_kernel, cfg.primary_stride) == (36, 6, 5, 2)
     assert n_params(model) - n_params(model.decoder) == 161_824 - 81 * 128 + 25 * 128  # 5×5 depthwise: 154,656
     assert cfg.recon_weight == pytest.approx(0.392 / 2) and cfg.input_divisor == 255
-    from capsnet.experiments.multimnist import MultiMNISTTask
+    from capsnet.experiments.multimnist import EFFICIENT_CAPSNET_SETTING, MultiMNISTTask
 
     digits = Split(torch.randint(0, 256, (40, 1, 28, 28), dtype=torch.uint8), torch.arange(40) % 10)
-    task = MultiMNISTTask(train=digits, test=digits, pairs_per_digit=1, max_shift=6, combine="sum")
+    setting = {**EFFICIENT_CAPSNET_SETTING, "pairs_per_digit": 1, "test_pairs_per_digit": 2}  # (small, for a test)
+    assert (setting["max_shift"], setting["combine"], EFFICIENT_CAPSNET_SETTING["pairs_per_digit"]) == (6, "sum", 10)
+    task = MultiMNISTTask(train=digits, test=digits, **setting)
+    assert len(task.test_pairs[0]) == 80
     batch = next(task.batches(epoch=0, batch_size=8, seed=0, rank=0, world_size=1, device=torch.device("cpu"),
                               generator=torch.Generator()))  # fmt: skip
     model.train()
