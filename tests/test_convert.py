@@ -32,7 +32,7 @@ WEIGHTS_DIR = Path(os.environ.get("CAPSNET_WEIGHTS_DIR", ROOT.parent / "shared" 
 AUTHORS_SMALLNORB = WEIGHTS_DIR / "efficient-capsnet" / "efficient_capsnet_SMALLNORB.h5"
 
 
-def keras_inputs(variant: str, n: int = 6, seed: int = 1) -> np.ndarray:
+def keras_inputs(variant: str, n: int = 4, seed: int = 1) -> np.ndarray:
     """float NHWC inputs of the variant's size: standardized-looking for smallNORB, [0, 1] images otherwise."""
     v = VARIANTS[variant]
     rng = np.random.default_rng(seed)

@@ -139,7 +139,7 @@ def test_smallnorb_preset_has_the_generator():
     loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
     with pytest.raises(ConfigError, match="decoder_type conv"):
-        EfficientCapsNetConfig(decoder_type="conv")  # 28 is not 8·k − 16
+        EfficientCapsNet(decoder_type="conv")  # 28 is not 8·k − 16
 
 
 def test_multimnist_preset_is_the_authors():

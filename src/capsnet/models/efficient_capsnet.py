@@ -93,7 +93,7 @@ class EfficientCapsNetConfig(RecordedData):
         default="keras", metadata={"help": "init: keras (the authors' initialisers) or pytorch (the layers' defaults)"}
     )
     primary_kernel: int | None = field(
-        default=None, metadata={"help": "depthwise primary convolution kernel (default: the last feature map's side)"}
+        default=None, metadata={"help": "depthwise primary convolution kernel (None: the last feature map's side)"}
     )
     primary_stride: int = field(default=1, metadata={"help": "depthwise primary convolution stride"})
     primary_dim: int = field(default=8, metadata={"help": "primary capsule dimension"})
@@ -142,8 +142,6 @@ class EfficientCapsNetConfig(RecordedData):
         if kernel < 1 or conv_output_size(self.feature_size, kernel, self.primary_stride) != 1:
             raise ConfigError(f"the primary convolution (kernel {kernel}, stride {self.primary_stride}) must turn the "
                               f"{self.feature_size}×{self.feature_size} feature map into 1×1")  # fmt: skip
-        if self.decoder and self.decoder_type == "conv" and ((self.image_size + 16) % 8 or self.image_size < 8):
-            raise ConfigError(f"decoder_type conv reconstructs sides 8·k − 16 (48, 56, ...), not {self.image_size}")
         self._check_recorded(self.n_classes)
 
     @property
@@ -243,7 +241,9 @@ class EfficientCapsNet(Pretrained, nn.Module):
         if not cfg.decoder:
             return None
         shape = (cfg.in_channels, cfg.image_size, cfg.image_size)
-        if cfg.decoder_type == "conv":
+        if cfg.decoder_type == "conv":  # (checked here: the data set fills in image_size after the flags)
+            if (cfg.image_size + 16) % 8 or cfg.image_size < 8:
+                raise ConfigError(f"decoder_type conv reconstructs sides 8·k − 16 (48, 56, ...), not {cfg.image_size}")
             return ConvCapsuleDecoder(n_capsules=cfg.n_classes, capsule_dim=cfg.class_dim, out_shape=shape)
         return CapsuleDecoder(n_capsules=cfg.n_classes, capsule_dim=cfg.class_dim, hidden=cfg.decoder_hidden,
                               out_shape=shape)  # fmt: skip
