@@ -296,3 +296,24 @@ def test_efficient_capsnet_smallnorb_recipe_end_to_end(tmp_path):
     nostats = EfficientCapsNet(config=EfficientCapsNetConfig.for_smallnorb(channel_standardize=True, digits=False))
     with pytest.raises(DatasetError, match="does not record"):  # single images need the training statistics
         predict(nostats, [image])
+
+
+@pytest.mark.slow
+def test_cli_trains_the_smallnorb_preset_and_evaluates_it(tmp_path, capsys):
+    from capsnet.cli import main
+
+    folder = standins.write_smallnorb(tmp_path / "n", n_train=16, n_test=8, gz=False)
+    preset = ["--backbone-kernels", "7", "3", "3", "3", "--backbone-strides", "2", "1", "1", "2", "--backbone-norm",
+              "instance", "--backbone-activation", "leaky-relu", "--decoder-type", "conv"]  # fmt: skip
+    run = tmp_path / "run"
+    argv = ["train", "--model", "efficient-capsnet", "--dataset", str(folder), "--epochs", "1", "--batch-size", "8",
+            "--no-progress", "--no-tensorboard", "--out", str(run), *preset]  # fmt: skip
+    assert main(argv) == 0
+    model = load_pretrained(run / "last")
+    assert model.config == EfficientCapsNetConfig.for_smallnorb(**{
+        k: getattr(model.config, k) for k in ("class_names", "digits", "source_size", "channel_standardize",
+                                              "channel_mean", "channel_std")})  # fmt: skip
+    assert model.config.source_size == (64, 64) and model.config.channel_standardize
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(run), "--dataset", str(folder), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 8
