@@ -157,11 +157,12 @@ def keras_names(variant: str) -> tuple[dict[str, str], dict[str, str]]:
     return names, gen
 
 
-def write_h5(path, w: dict[str, np.ndarray], variant: str, *, drop: str = "", reshape: tuple[str, tuple] = ("", ())):
+def write_h5(path, w: dict[str, np.ndarray], variant: str, *, drop: str = "", reshape: tuple[str, tuple] = ("", ()),
+             whole_model: bool = False):  # fmt: skip
     """An .h5 file in the layout of the authors' training-model weights (root `layer_names`, groups `CapsNet` and
     `Generator` with `weight_names`, trainable tensors first and the BatchNorm moving statistics last, as Keras's
     save_weights orders them). `drop`: a tensor (as "CapsNet/digit_caps/b:0") to leave out; `reshape`: one to
-    store with another shape."""
+    store with another shape; `whole_model`: under `model_weights/`, as Keras's `Model.save` writes them."""
     import h5py
 
     caps_names, gen_names = keras_names(variant)
@@ -173,7 +174,8 @@ def write_h5(path, w: dict[str, np.ndarray], variant: str, *, drop: str = "", re
         entry = (f"{names[layer]}/{param}:0", value.astype(np.float32))
         (moving if param.startswith("moving") else groups[group]).append(entry)
     groups["CapsNet"] += moving
-    with h5py.File(path, "w") as f:
+    with h5py.File(path, "w") as root:
+        f = root.create_group("model_weights") if whole_model else root
         f.attrs["backend"], f.attrs["keras_version"] = "tensorflow", "2.4.0"
         f.attrs["layer_names"] = np.array([b"input_2", b"CapsNet", b"input_3", b"mask", b"Generator"])
         for empty in ("input_2", "input_3", "mask"):

@@ -86,6 +86,14 @@ def test_converted_model_equals_the_keras_forward(tmp_path, variant):
     np.testing.assert_allclose(recon, generator(w, caps, variant), atol=1e-4, rtol=0)
 
 
+def test_whole_model_files_are_read_too(tmp_path):
+    w = random_weights("multimnist")
+    convert("efficient-capsnet", write_h5(tmp_path / "m.h5", w, "multimnist", whole_model=True), tmp_path / "m")
+    x = keras_inputs("multimnist", n=2)
+    _, out = run_converted(tmp_path / "m", x)
+    np.testing.assert_allclose(out.lengths.numpy(), classifier(w, x, "multimnist")[1], atol=1e-4, rtol=0)
+
+
 def test_recorded_preprocessing_of_each_variant(tmp_path):
     for variant in ("mnist", "smallnorb", "multimnist"):
         path = write_h5(tmp_path / f"{variant}.h5", random_weights(variant), variant)
