@@ -167,7 +167,7 @@ def test_multimnist_preset_is_the_authors():
 
 def test_primary_convolution_must_reach_one_by_one():
     with pytest.raises(ConfigError, match="into 1×1"):
-        EfficientCapsNetConfig(primary_kernel=5)  # 9×9 map, stride 1: 5×5 outputs
+        EfficientCapsNet(primary_kernel=5)  # 9×9 map, stride 1: 5×5 outputs
     with pytest.raises(ConfigError, match="norm_eps"):
         EfficientCapsNetConfig(norm_eps=0)
 

@@ -138,10 +138,6 @@ class EfficientCapsNetConfig(RecordedData):
             raise ConfigError("need norm_eps > 0, 0 <= norm_momentum <= 1 and length_eps >= 0")
         if self.feature_size < 1:
             raise ConfigError(f"image_size {self.image_size} is too small for the backbone convolutions")
-        kernel = self.primary_kernel if self.primary_kernel is not None else self.feature_size
-        if kernel < 1 or conv_output_size(self.feature_size, kernel, self.primary_stride) != 1:
-            raise ConfigError(f"the primary convolution (kernel {kernel}, stride {self.primary_stride}) must turn the "
-                              f"{self.feature_size}×{self.feature_size} feature map into 1×1")  # fmt: skip
         self._check_recorded(self.n_classes)
 
     @property
@@ -227,6 +223,11 @@ class EfficientCapsNet(Pretrained, nn.Module):
         self.backbone = nn.Sequential(*layers)
         c = cfg.backbone_channels[-1]  # depthwise: one filter per channel, covering the map (→ 1×1)
         kernel = cfg.primary_kernel if cfg.primary_kernel is not None else cfg.feature_size
+        if kernel < 1 or conv_output_size(cfg.feature_size, kernel, cfg.primary_stride) != 1:  # (checked here: the
+            raise ConfigError(
+                f"the primary convolution (kernel {kernel}, stride {cfg.primary_stride}) must turn the "
+                f"{cfg.feature_size}×{cfg.feature_size} feature map into 1×1"
+            )  # data set sets the size
         self.primary = nn.Conv2d(c, c, kernel, stride=cfg.primary_stride, groups=c)
         self.class_caps = SelfAttentionRouter(
             cfg.n_primary, cfg.n_classes, cfg.primary_dim, cfg.class_dim, weight_std=cfg.router_init_std
