@@ -223,11 +223,12 @@ class EfficientCapsNet(Pretrained, nn.Module):
         self.backbone = nn.Sequential(*layers)
         c = cfg.backbone_channels[-1]  # depthwise: one filter per channel, covering the map (→ 1×1)
         kernel = cfg.primary_kernel if cfg.primary_kernel is not None else cfg.feature_size
-        if kernel < 1 or conv_output_size(cfg.feature_size, kernel, cfg.primary_stride) != 1:  # (checked here: the
+        # (checked here rather than in the config: the data set sets image_size after the flags)
+        if kernel < 1 or conv_output_size(cfg.feature_size, kernel, cfg.primary_stride) != 1:
             raise ConfigError(
                 f"the primary convolution (kernel {kernel}, stride {cfg.primary_stride}) must turn the "
                 f"{cfg.feature_size}×{cfg.feature_size} feature map into 1×1"
-            )  # data set sets the size
+            )
         self.primary = nn.Conv2d(c, c, kernel, stride=cfg.primary_stride, groups=c)
         self.class_caps = SelfAttentionRouter(
             cfg.n_primary, cfg.n_classes, cfg.primary_dim, cfg.class_dim, weight_std=cfg.router_init_std
