@@ -56,6 +56,7 @@ KINDS = {
     "augment": "augment",
     "image_size": "size",
     "pretrained": "pretrained",
+    "weights": "file",
 }
 # Safe values for the rest of each command line: quick, on the CPU, inside the test's folder (by dest).
 SAFE = {
@@ -189,6 +190,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
     Image.fromarray(np.full((28, 28), 200, np.uint8)).save(tmp / "digit.png")
     (tmp / "corrupt.png").write_bytes(b"\x89PNG not really")
     (tmp / "corrupt.yaml").write_text("epochs: [1, 2\n")
+    from keras_reference import random_weights, write_h5
+
+    write_h5(tmp / "keras.h5", random_weights("mnist"), "mnist")  # the Efficient-CapsNet authors' layout
     # Runs to resume: one with a corrupt state.pt, one of another model (a baseline run resumed as capsnet).
     run = tmp / "baseline-run"
     argv = ["train", "--model", "baseline", "--channels", "4", "4", "--hidden", "8", "8", "--out", str(run),
@@ -200,7 +204,8 @@ def files(tmp_path_factory) -> dict[str, Path]:
     rng = np.random.default_rng(0)
     np.savez(tmp / "digits.npz", x_train=rng.integers(0, 255, (32, 28, 28), dtype=np.uint8), y_train=np.arange(32) % 10,
              x_test=rng.integers(0, 255, (20, 28, 28), dtype=np.uint8), y_test=np.arange(20) % 10)  # fmt: skip
-    return {"tmp": tmp, "good": tmp / "model", "png": tmp / "digit.png", "data": tmp / "digits.npz"}
+    return {"tmp": tmp, "good": tmp / "model", "png": tmp / "digit.png", "data": tmp / "digits.npz",
+            "h5": tmp / "keras.h5"}  # fmt: skip
 
 
 def _bad_path(case: Case, files: dict[str, Path], tmp: Path) -> str:
@@ -223,7 +228,7 @@ def _bad_path(case: Case, files: dict[str, Path], tmp: Path) -> str:
     if kind == "empty folder":
         return str(base / "empty")
     if kind == "corrupt":
-        return str(base / ("corrupt.png" if case.dest == "images" else "corrupt.yaml"))
+        return str(base / ("corrupt.png" if case.dest in ("images", "weights") else "corrupt.yaml"))
     if kind in ("corrupt weights", "corrupt config"):
         return str(base / kind.replace(" ", "-"))
     if kind == "another model's weights":
@@ -251,7 +256,7 @@ def _argv(case: Case, parser: argparse.ArgumentParser, files: dict[str, Path], t
     bad = _bad_path(case, files, tmp) if case.value in PATH_VALUES else case.value
     out = str(tmp / ("model.onnx" if case.command == ("export",) else "out"))
     good = {"checkpoint": str(files["good"]), "images": str(files["png"]), "name_or_dir": "mnist-sample",
-            "experiment": "mnist", "out": out}  # fmt: skip
+            "experiment": "mnist", "out": out, "weights": str(files["h5"])}  # fmt: skip
     argv: list[str] = [*case.command]
     positionals: list[str] = []
     groups = [{a.dest for a in g._group_actions} for g in parser._mutually_exclusive_groups]

@@ -31,6 +31,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("reproduce", "capsnet.cli.reproduce"),
     ("models", "capsnet.cli.models"),
     ("export", "capsnet.cli.export"),
+    ("convert", "capsnet.cli.convert"),
 ]
 
 

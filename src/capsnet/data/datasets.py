@@ -114,6 +114,13 @@ def resolve(
     raise DatasetError(f"{name_or_dir}: neither a folder nor a known data set (known: {known})")
 
 
+def dataset_format(name_or_dir: str = BUNDLED, *, data_dir: str | None = None, cache_dir: str | None = None) -> str:
+    """The format (capsnet.data.sources.FORMATS) that `load_dataset` would read, found without loading or
+    downloading anything: from the files' content, or for a known set not yet downloaded, its registry entry."""
+    name, folder, _ = resolve(name_or_dir, data_dir=data_dir, cache_dir=cache_dir)
+    return sources.detect(folder) if folder is not None else sources.known_format(name)
+
+
 def load_dataset(
     name_or_dir: str = BUNDLED,
     *,

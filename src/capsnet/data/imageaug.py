@@ -105,6 +105,10 @@ class AugmentSpec:
     brightness: float = 0.0  # max |delta|, in units of the [0, 1] range
     contrast: tuple[float, float] = (1.0, 1.0)  # range of the contrast factor
     standardize: bool = False  # per-image standardization (done by the model: its config records it)
+    divisor: float = 255.0  # uint8 pixels are divided by this (Efficient-CapsNet's MNIST code: 256)
+    # Per-channel standardization with the split's own statistics, before the crops (capsnet.data.scaling; the
+    # Efficient-CapsNet code's smallNORB input). Brightness is then in standard deviations, and nothing is clipped.
+    channel_standardize: bool = False
     rotate: float = 0.0  # random rotation of up to ± this many degrees (not the paper's)
     zoom: tuple[float, float] = (1.0, 1.0)  # range of a random scale factor (not the paper's)
 
@@ -116,20 +120,24 @@ class AugmentSpec:
             raise ConfigError(f"augmentation {self}: need shift >= 0, brightness >= 0 and 0 <= contrast lo <= hi")
         if self.crop is not None and min(self.crop) < 1:
             raise ConfigError(f"augmentation crop must be positive, got {self.crop}")
+        if not self.divisor > 0:
+            raise ConfigError(f"augmentation divisor must be > 0, got {self.divisor}")
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """The training augmentation of a float batch [B, C, H, W] in [0, 1]; the result is clamped to [0, 1]."""
+        """The training augmentation of a float batch [B, C, H, W] in [0, 1], the result clamped to [0, 1]; with
+        `channel_standardize`, of a standardized batch, not clamped (as the Efficient-CapsNet code)."""
+        lo, hi = (-torch.inf, torch.inf) if self.channel_standardize else (0.0, 1.0)
         if self.crop is not None:
             x = random_crop(x, self.crop, generator=generator)
         if self.rotate or self.zoom != (1.0, 1.0):
-            x = random_rotate_zoom(x, self.rotate, self.zoom, generator=generator).clamp_(0.0, 1.0)
+            x = random_rotate_zoom(x, self.rotate, self.zoom, generator=generator).clamp_(lo, hi)
         if self.shift:
             x = random_shift(x, self.shift, generator=generator)
         if self.flip:
             x = random_flip(x, generator=generator)
         if self.brightness or self.contrast != (1.0, 1.0):
             x = random_brightness(x, self.brightness, generator=generator)
-            x = random_contrast(x, *self.contrast, generator=generator).clamp_(0.0, 1.0)
+            x = random_contrast(x, *self.contrast, generator=generator).clamp_(lo, hi)
         return x
 
     def output_size(self, height: int, width: int) -> tuple[int, int]:
@@ -157,20 +165,24 @@ class AugmentSpec:
             parts.append(f"contrast={self.contrast[0]:g}:{self.contrast[1]:g}")
         if self.standardize:
             parts.append("standardize")
+        if self.divisor != 255:
+            parts.append(f"divisor={self.divisor:g}")
+        if self.channel_standardize:
+            parts.append("channel-standardize")
         return ",".join(parts) or "none"
 
     @classmethod
     def parse(cls, text: str) -> AugmentSpec:
         """The inverse of str(): "none", or a comma list of shift=N, crop=H[xW], flip, brightness=D,
-        contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize."""
+        contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, divisor=D, channel-standardize."""
         spec: dict = {}
         for item in (t.strip() for t in text.split(",")):
             key, _, value = item.partition("=")
             try:
                 if item in ("", "none"):
                     continue
-                if key in ("flip", "standardize") and not value:
-                    spec[key] = True
+                if key in ("flip", "standardize", "channel-standardize") and not value:
+                    spec[key.replace("-", "_")] = True
                 elif key == "shift":
                     spec["shift"] = int(value)
                 elif key == "crop":
@@ -178,8 +190,8 @@ class AugmentSpec:
                     spec["crop"] = (sides[0], sides[-1]) if len(sides) <= 2 else None
                     if spec["crop"] is None:
                         raise ValueError(value)
-                elif key == "brightness":
-                    spec["brightness"] = float(value)
+                elif key in ("brightness", "divisor"):
+                    spec[key] = float(value)
                 elif key in ("contrast", "zoom"):
                     lo, hi = value.split(":")
                     spec[key] = (float(lo), float(hi))
@@ -190,7 +202,8 @@ class AugmentSpec:
             except ValueError:
                 raise ConfigError(
                     f"augmentation {text!r}: cannot read {item!r}; use none or a comma list of shift=N, crop=H[xW], "
-                    "flip, brightness=D, contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize"
+                    "flip, brightness=D, contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, divisor=D, "
+                    "channel-standardize"
                 ) from None
         return cls(**spec)
 
@@ -214,10 +227,13 @@ DEFAULTS: dict[str, AugmentSpec] = {
 }
 
 
-def resolve_augment(text: str, kind: str, *, shift: int = 2) -> AugmentSpec:
-    """ "auto": the default of data format `kind` (its 2 px shift replaced by `shift`, TrainConfig.shift);
-    otherwise :meth:`AugmentSpec.parse`."""
+def resolve_augment(text: str, kind: str, *, shift: int = 2, recipes: dict[str, dict[str, str]] | None = None
+                    ) -> AugmentSpec:  # fmt: skip
+    """ "auto": the model's own recipe for data format `kind` (`recipes`, a model class's `data_recipes`), else
+    the format's default, its 2 px shift replaced by `shift` (TrainConfig.shift); otherwise
+    :meth:`AugmentSpec.parse`."""
     if text != "auto":
         return AugmentSpec.parse(text)
-    spec = DEFAULTS.get(kind, DEFAULTS["folder"])
+    recipe = (recipes or {}).get(kind, {}).get("augment")
+    spec = AugmentSpec.parse(recipe) if recipe is not None else DEFAULTS.get(kind, DEFAULTS["folder"])
     return spec.replace(shift=shift) if spec.shift else spec

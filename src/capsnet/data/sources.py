@@ -68,8 +68,19 @@ def complete(name: str, where: Path) -> bool:
 
 def load(path: Path, fmt: str, *, name: str, source: str, **options: Any) -> Dataset:
     """Read `path` with the reader of `fmt`. `options` go to the readers that take them: image folders
-    (image_size, channels, test_fraction, seed, strict, cache_dir, workers), SVHN (extra), smallNORB (size)."""
+    (image_size, channels, test_fraction, seed, strict, cache_dir, workers), SVHN (extra), smallNORB (size, or a
+    square image_size)."""
     return dataclasses.replace(_read(path, fmt, name=name, source=source, **options), kind=fmt)
+
+
+def _square_side(image_size: Any) -> int | None:
+    """The side of a square `image_size` option ("64", 64, (64, 64)); DatasetError for a non-square one."""
+    size = folder.parse_size(image_size)
+    if size is None:
+        return None
+    if size[0] != size[1]:
+        raise DatasetError(f"image size {size[0]}x{size[1]}: smallNORB images are square; give one side")
+    return size[0]
 
 
 def _read(path: Path, fmt: str, *, name: str, source: str, **options: Any) -> Dataset:
@@ -84,7 +95,8 @@ def _read(path: Path, fmt: str, *, name: str, source: str, **options: Any) -> Da
     if fmt == "svhn":
         return svhn.load_svhn(path, extra=bool(options.get("extra", False)), name=name, source=source)
     if fmt == "smallnorb":
-        return smallnorb.load_smallnorb(path, size=options.get("size") or smallnorb.SIZE, name=name, source=source)
+        size = options.get("size") or _square_side(options.get("image_size")) or smallnorb.SIZE
+        return smallnorb.load_smallnorb(path, size=size, name=name, source=source)
     if fmt == "folder":
         keys = ("image_size", "channels", "test_fraction", "val_fraction", "seed", "strict", "cache_dir", "workers")
         kwargs = {k: options[k] for k in keys if options.get(k) is not None}

@@ -34,8 +34,10 @@ class TrainConfig:
         },
     )
     image_size: str | None = field(
-        default=None, metadata={"help": "image folders: convert every image to H or HxW (default: the most common)"}
-    )
+        default=None,
+        metadata={"help": "image folders: convert every image to H or HxW (default: the most common); smallNORB: "
+                  "its side (default 48, or the model's recipe: Efficient-CapsNet 64)"},
+    )  # fmt: skip
     image_channels: int | None = field(
         default=None, metadata={"help": "image folders: 1 (greyscale) or 3 (RGB) (default: the most common mode)"}
     )

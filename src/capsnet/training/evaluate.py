@@ -13,6 +13,7 @@ import torch
 from ..data.datasets import load_dataset
 from ..data.imageaug import center_crop
 from ..data.images import load_image, load_image_resized
+from ..data.scaling import model_scaling
 from ..data.split import Dataset, Split, to_float
 from ..errors import ConfigError, DatasetError
 from ..models.hub import is_ref, read_card, resolve_ref
@@ -62,10 +63,11 @@ def evaluate(
     model.eval()
     n_classes: int = cast(Any, model.config).n_classes
     images, labels = split.images[dist.rank :: dist.world_size], split.labels[dist.rank :: dist.world_size]
+    scaling = model_scaling(model.config, split)  # uint8 -> what the model was trained on (its config records it)
     # The loss sum and the confusion counts stay on the device, read once at the end.
     sums = torch.zeros(1 + n_classes * n_classes, dtype=torch.float64, device=device)  # [loss sum, confusion...]
     for start in range(0, len(labels), batch_size):
-        x = fit_to_model(to_float(images[start : start + batch_size].to(device)), model.config)
+        x = fit_to_model(scaling(to_float(images[start : start + batch_size].to(device))), model.config)
         y = labels[start : start + batch_size].to(device)
         out = model(x)
         loss, _ = cast(Any, model).loss(out, x, y)
@@ -234,7 +236,8 @@ def class_name(cfg, k: int) -> str:
 def predict(model: torch.nn.Module, images: list[str | Path]) -> list[dict]:
     cfg = model.config
     device = next(model.parameters()).device
-    batch = torch.stack([prepare_image(p, cfg) for p in images]).to(device)
+    scaling = model_scaling(cfg)  # what it was trained on (a standardizing model: its training split's statistics)
+    batch = scaling(torch.stack([prepare_image(p, cfg) for p in images]).to(device))
     out = model.eval()(batch)
     return [
         {"image": str(p), "class": int(c), "name": class_name(cfg, int(c)),
