@@ -468,3 +468,16 @@ def test_image_folder_cache_hit_is_checked_and_rebuilt(tmp_path, monkeypatch, da
     assert sorted(p.name for p in entry.iterdir()) == ["images.npy", "meta.json", "ok.npy"]
     monkeypatch.setattr(folder_mod, "_decode", lambda *a: pytest.fail("decoded again"))
     assert torch.equal(load_dataset(str(root)).train.images, first.train.images)  # the rebuilt entry is a hit
+
+
+def test_fashion_mnist_is_not_a_digit_set_and_names_its_classes(tmp_path):
+    from helpers import write_digits
+
+    from capsnet.training.loop import TrainConfig
+    from capsnet.training.tasks import ClassificationTask
+
+    fashion = load_dataset(str(write_digits(tmp_path / "fashion-mnist", 20)))  # a folder of the set's own name
+    assert not fashion.digits and fashion.names[0] == "T-shirt/top" and fashion.names[9] == "Ankle boot"
+    assert load_dataset(str(write_digits(tmp_path / "my-digits", 20))).digits  # any other IDX folder: digits
+    task = ClassificationTask.from_config(TrainConfig(dataset=str(tmp_path / "fashion-mnist"), augment="shift=2,flip"))
+    assert task.spec.flip and task.model_fields()["class_names"][1] == "Trouser"  # flips are allowed

@@ -84,8 +84,9 @@ def _square_side(image_size: Any) -> int | None:
 
 
 def _read(path: Path, fmt: str, *, name: str, source: str, **options: Any) -> Dataset:
-    if fmt == "idx":
-        return load_idx_folder(path, name=name, source=source)
+    if fmt == "idx":  # a known set named as such: what its table says of it (Fashion-MNIST is not digits)
+        known = {k: DATASETS.get(name, {})[k] for k in ("digits", "class_names") if k in DATASETS.get(name, {})}
+        return dataclasses.replace(load_idx_folder(path, name=name, source=source), **known)
     if fmt == "npz":
         if path.is_dir():
             path = next(p for p in sorted(path.glob("*.npz")) if npz.is_npz(p))
