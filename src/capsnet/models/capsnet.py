@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -87,6 +87,34 @@ class CapsNetConfig(RecordedData):
     router_init_std: float | None = field(
         default=None, metadata={"help": "initial std of W_ij (default: capsnet.routing.default_weight_std)"}
     )
+    # The official TensorFlow code's choices (github.com/Sarasra/models, research/capsules; docs/fidelity.md).
+    init: Literal["pytorch", "official"] = field(
+        default="pytorch",
+        metadata={"help": "initialisation: pytorch (PyTorch's defaults, W_ij std 1/sqrt(n_primary)) or official "
+                  "(the TensorFlow code's: truncated normal std 0.05 for conv1, 0.1 for the primary kernel, W_ij "
+                  "and the decoder; every bias 0.1)"},
+    )  # fmt: skip
+    primary_routing: bool = field(
+        default=False,
+        metadata={"help": "the official code's one-iteration routing of the primary capsules: the convolution's "
+                  "output (not its bias) times 1/primary_types (1/(primary_types+1) with leaky routing)"},
+    )  # fmt: skip
+    margin_reduction: Literal["sum", "half-mean"] = field(
+        default="sum",
+        metadata={"help": "margin loss: sum over the classes (Eq. 4) or the official code's half mean over them "
+                  "(Eq. 4 / 2n, so the reconstruction term weighs 2n times more)"},
+    )  # fmt: skip
+    # Layouts of other implementations, for their converted weights (capsnet.models.converters).
+    primary_grouping: Literal["types", "flat"] = field(
+        default="types",
+        metadata={"help": "primary capsules: one per type and location (paper) or flat (D consecutive values of the "
+                  "flattened conv map, XifengGuo/CapsNet-Pytorch's layout)"},
+    )  # fmt: skip
+    coupling: Literal["outputs", "inputs"] = field(
+        default="outputs",
+        metadata={"help": "axis of the coupling softmax (Eq. 3): outputs (paper) or inputs (gram-ai/"
+                  "capsule-networks' computation; dynamic routing only)"},
+    )  # fmt: skip
 
     # Keys of older config.json files (capsnet 0.1.0), read by capsnet.config.from_dict with a DeprecationWarning.
     _renamed_keys: ClassVar[dict[str, str]] = {"digit_dim": "class_dim"}
@@ -115,8 +143,12 @@ class CapsNetConfig(RecordedData):
             raise ConfigError(f"image_size must be >= 1, got {self.image_size}")
         self.decoder_hidden = tuple(self.decoder_hidden)
         self._check_recorded(self.n_classes)
-        if (self.leaky_routing or self.capsule_bias) and self.routing != "dynamic":
-            raise ConfigError("leaky_routing and capsule_bias are options of dynamic routing (routing='dynamic')")
+        dynamic_only = self.leaky_routing or self.capsule_bias or self.coupling != "outputs"
+        if dynamic_only and self.routing != "dynamic":
+            raise ConfigError("leaky_routing, capsule_bias and coupling are options of dynamic routing "
+                              "(routing='dynamic')")  # fmt: skip
+        if self.coupling == "inputs" and self.leaky_routing:
+            raise ConfigError("leaky routing is a softmax over the outputs: it needs coupling='outputs'")
         if self.routing not in ROUTINGS:
             raise ConfigError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTINGS)}")
         if min(self.primary_hw) < 1:
@@ -172,6 +204,8 @@ class CapsNet(Pretrained, nn.Module):
         pad = cfg.kernel_size // 2 if cfg.padding == "same" else 0
         self.conv1 = nn.Conv2d(cfg.in_channels, cfg.conv_channels, cfg.kernel_size, stride=cfg.conv1_stride,
                                padding=pad)  # fmt: skip
+        # The official code's one-iteration primary routing: uniform coupling over the types (and the leak)
+        vote_scale = 1.0 / (cfg.primary_types + cfg.leaky_routing) if cfg.primary_routing else 1.0
         self.primary = PrimaryCapsules(
             in_channels=cfg.conv_channels,
             n_types=cfg.primary_types,
@@ -179,6 +213,8 @@ class CapsNet(Pretrained, nn.Module):
             kernel_size=cfg.kernel_size,
             stride=2,
             padding=pad,
+            vote_scale=vote_scale,
+            grouping=cfg.primary_grouping,
         )
         self.class_caps = class_capsule_layer(cfg)
         if cfg.routing == "inverted-attention":  # Tsai et al.'s classifier shared by the class capsules: pose -> logit
@@ -197,7 +233,9 @@ class CapsNet(Pretrained, nn.Module):
             # Untrained with recon_weight 0 (the forward pass skips it in training): frozen, so that DDP does not
             # wait for gradients that never come.
             self.decoder.requires_grad_(False)
-        self.margin_loss = MarginLoss(cfg.n_classes)
+        self.margin_loss = MarginLoss(cfg.n_classes, reduction=cfg.margin_reduction)
+        if cfg.init == "official":
+            official_init(self)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         """Accept the weights of older saves (capsnet 0.1.0), whose class capsules were called `digits`."""
@@ -267,8 +305,34 @@ def class_capsule_layer(cfg: CapsNetConfig) -> nn.Module:
         return InvertedAttentionFC(*sizes, cfg.routing_iterations)
     if cfg.routing == "self-routing":
         return SelfRoutingFC(*sizes)
-    return Router(*sizes, cfg.routing_iterations, detach_votes=cfg.detach_votes, weight_std=cfg.router_init_std,
-                  leaky=cfg.leaky_routing, bias=cfg.capsule_bias)  # fmt: skip
+    official = cfg.router_init_std is None and cfg.init == "official"  # official_init draws W_ij at OFFICIAL_STD
+    return Router(*sizes, cfg.routing_iterations, detach_votes=cfg.detach_votes,
+                  weight_std=OFFICIAL_STD if official else cfg.router_init_std,
+                  leaky=cfg.leaky_routing, bias=cfg.capsule_bias, coupling=cfg.coupling)  # fmt: skip
+
+
+OFFICIAL_STD = 0.1  # the official code's `weight_variable` std (conv1: 0.05)
+
+
+@torch.no_grad()
+def official_init(model: CapsNet) -> None:
+    """The official TensorFlow code's initialisation: `tf.truncated_normal_initializer` (cut at 2 std) with std 0.05
+    for conv1 and 0.1 for the primary kernel, the decoder and (dynamic routing, unless router_init_std is given)
+    W_ij; `tf.constant_initializer(0.1)` for every bias."""
+
+    def truncated(w: torch.Tensor, std: float) -> None:
+        nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
+
+    dense = [m for m in model.decoder.net if isinstance(m, nn.Linear)] if model.decoder is not None else []
+    layers: list[nn.Module] = [model.conv1, model.primary.conv, *dense]
+    for m, std in zip(layers, [0.05] + [OFFICIAL_STD] * (len(layers) - 1), strict=True):
+        truncated(cast(torch.Tensor, m.weight), std)
+        nn.init.constant_(cast(torch.Tensor, m.bias), 0.1)
+    router = model.class_caps
+    if isinstance(router, Router):
+        truncated(router.weight, router.weight_std)
+        if router.bias is not None:
+            nn.init.constant_(router.bias, 0.1)
 
 
 def routing_inputs(cfg: CapsNetConfig, u: torch.Tensor) -> tuple[torch.Tensor, ...]:
