@@ -197,6 +197,11 @@ class CapsNet(Pretrained, nn.Module):
     paper = "Sabour, Frosst & Hinton, NeurIPS 2017"
     designed_for = "MNIST 28x28 (also MultiMNIST, affNIST tests)"
     default_lr = 1e-3  # `capsnet train`'s Adam learning rate unless --lr is given (TensorFlow's Adam default)
+    # config.json files written before these keys existed: the model they describe, as it was trained
+    saved_defaults: ClassVar[dict[str, Any]] = {
+        "capsule_bias": False, "init": "pytorch", "primary_routing": False, "margin_reduction": "sum",
+        "primary_grouping": "types", "coupling": "outputs",
+    }  # fmt: skip
 
     def __init__(self, *, config: CapsNetConfig | None = None, **options):
         super().__init__()
