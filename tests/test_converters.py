@@ -350,6 +350,12 @@ def test_inverted_attention_options_the_weights_do_not_record(tmp_path):
     assert (model.config.capsule_strides, model.config.routing_iterations) == ((2,), 3)
     with pytest.raises(CheckpointError, match="input capsules where 28x28 images"):
         CONVERTERS["inverted-attention"].convert(tmp_path / "one.pth", capsule_strides=(2,), image_size=28)
+    cifar100 = apple_state(types=(2, 3), grid=7)  # their CIFAR-100 configuration: an FC capsule layer of 20 first
+    cifar100["capsule_layers.1.w"], cifar100["capsule_layers.2.w"] = rand(2 * 49, S, S, 20), rand(20, S, S, 4)
+    cifar100.update(layernorm("capsule_layers.2.nonlinear_act"))
+    torch.save(cifar100, tmp_path / "c100.pth")
+    with pytest.raises(CheckpointError, match=r"'capsule_layers\.1' is a fully connected capsule layer"):
+        CONVERTERS["inverted-attention"].convert(tmp_path / "c100.pth", capsule_strides=(2,))
 
 
 # ------------------------------------------------------------------ the registry and bad files

@@ -36,7 +36,7 @@ def load_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     dropped. Anything else is a CheckpointError."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"{path}: no such file")
+        raise CheckpointError(f"{path}: {'not a file' if path.exists() else 'no such file'}")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:

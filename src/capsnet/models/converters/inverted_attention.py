@@ -54,6 +54,11 @@ def convert(
     if side * side != pose_dim:
         raise CheckpointError(f"{path}: {pose_dim}-D poses: only matrix poses (a square pose_dim) convert")
     *conv_layers, fc = layers
+    hidden_fc = [i for i in conv_layers if len(t.shape(f"capsule_layers.{i}.w")) == 4]
+    if hidden_fc:
+        layer = f"capsule_layers.{hidden_fc[0]}"
+        raise CheckpointError(f"{path}: '{layer}' is a fully connected capsule layer before the class capsules "
+                              "(their CIFAR-100 configuration), which capsnet's model lacks")  # fmt: skip
     for i in conv_layers:
         shape = t.take_any(f"capsule_layers.{i}.w", ndim=6).shape
         if shape[0] != 3 or shape[1] != 3 or shape[3:5] != (side, side):
