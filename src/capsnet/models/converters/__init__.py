@@ -4,6 +4,8 @@
 which returns the capsnet model (in eval mode) computing what the source network computes; `save_pretrained` it to
 get a capsnet folder. PyTorch files are read with `torch.load(weights_only=True)`; a bad file is one
 :class:`capsnet.errors.CheckpointError` naming the tensor.
+
+May import: capsnet.models (and what it may import); never data, training or above.
 """
 
 from __future__ import annotations
