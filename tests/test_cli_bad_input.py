@@ -193,6 +193,11 @@ def files(tmp_path_factory) -> dict[str, Path]:
     from keras_reference import random_weights, write_h5
 
     write_h5(tmp / "keras.h5", random_weights("mnist"), "mnist")  # the Efficient-CapsNet authors' layout
+    from test_converters import apple_state, gram_state, xifengguo_state
+
+    for fmt, state in (("xifengguo-capsnet", xifengguo_state()), ("gram-ai-capsnet", gram_state()),
+                       ("inverted-attention", {"net": apple_state()})):  # fmt: skip
+        torch.save(state, tmp / f"{fmt}.pt")  # each PyTorch format's own layout
     # Runs to resume: one with a corrupt state.pt, one of another model (a baseline run resumed as capsnet).
     run = tmp / "baseline-run"
     argv = ["train", "--model", "baseline", "--channels", "4", "4", "--hidden", "8", "8", "--out", str(run),
@@ -255,8 +260,10 @@ def _argv(case: Case, parser: argparse.ArgumentParser, files: dict[str, Path], t
     """The subcommand with safe values everywhere but `case`'s option, which gets the bad value."""
     bad = _bad_path(case, files, tmp) if case.value in PATH_VALUES else case.value
     out = str(tmp / ("model.onnx" if case.command == ("export",) else "out"))
+    keras = case.command[1:] in ((), ("efficient-capsnet",))
+    weights = files["h5"] if keras else files["tmp"] / f"{case.command[1]}.pt"
     good = {"checkpoint": str(files["good"]), "images": str(files["png"]), "name_or_dir": "mnist-sample",
-            "experiment": "mnist", "out": out, "weights": str(files["h5"])}  # fmt: skip
+            "experiment": "mnist", "out": out, "weights": str(weights)}  # fmt: skip
     argv: list[str] = [*case.command]
     positionals: list[str] = []
     groups = [{a.dest for a in g._group_actions} for g in parser._mutually_exclusive_groups]

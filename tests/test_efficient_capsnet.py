@@ -202,7 +202,8 @@ def test_recipes_per_data_format():
     norb = resolve_augment("auto", "smallnorb", recipes=recipes)
     assert norb == AugmentSpec(crop=(48, 48), brightness=2.0, contrast=(0.5, 1.5), channel_standardize=True)
     assert resolve_augment("auto", "idx", shift=3, recipes=recipes) == AugmentSpec(shift=3, divisor=256.0)
-    assert resolve_augment("auto", "smallnorb") == DEFAULTS["smallnorb"] == AugmentSpec(crop=(32, 32))  # Sabour, EM
+    sabour = AugmentSpec(crop=(32, 32), brightness=63 / 255, contrast=(0.2, 1.8), standardize=True)  # official code
+    assert resolve_augment("auto", "smallnorb") == DEFAULTS["smallnorb"] == sabour  # CapsNet, EM
     assert resolve_augment("auto", "cifar10", recipes=recipes) == DEFAULTS["cifar10"]
     assert resolve_augment("shift=2", "idx", recipes=recipes).divisor == 255  # an explicit --augment
     text = "crop=48x48,brightness=2,contrast=0.5:1.5,divisor=256,channel-standardize"
@@ -280,7 +281,7 @@ def test_efficient_capsnet_smallnorb_recipe_end_to_end(tmp_path):
                               generator=torch.Generator().manual_seed(0)))  # fmt: skip
     assert batch.images.shape == (n, 2, 48, 48) and batch.images.min() < 0  # standardized, jittered, not clipped
     sabour = ClassificationTask.from_config(TrainConfig(model="capsnet", dataset=str(folder)))
-    assert (sabour.image_size, sabour.source_size, sabour.spec) == (32, (48, 48), AugmentSpec(crop=(32, 32)))
+    assert (sabour.image_size, sabour.source_size, sabour.spec) == (32, (48, 48), DEFAULTS["smallnorb"])
 
     cfg = EfficientCapsNetConfig.for_smallnorb(**{k: v for k, v in fields.items() if k != "standardize"})
     model = EfficientCapsNet(config=cfg).eval()

@@ -69,13 +69,13 @@ def test_inverted_attention_capsnet_parameters_on_cifar():
 
 
 def test_inverted_attention_capsnet_agreement_scale_reaches_every_layer():
-    """1 (Eq. 2 as the paper writes it) by default; 0.25 = 1/√16, the authors' code, scales every layer's
-    agreement, which changes the routing from the second pass on (the first is uniform either way)."""
+    """0.25 = 1/√16, the authors' code, by default; 1 (Eq. 2 as the paper writes it) as an option. It scales every
+    layer's agreement, which changes the routing from the second pass on (the first is uniform either way)."""
     small = {"in_channels": 1, "image_size": 28, "stem_channels": 16, "primary_types": 4, "capsule_types": (4, 4)}
     torch.manual_seed(0)
-    paper = InvertedAttentionCapsNet(**small).eval()
+    paper = InvertedAttentionCapsNet(**small, agreement_scale=1.0).eval()
     torch.manual_seed(0)
-    authors = InvertedAttentionCapsNet(**small, agreement_scale=0.25).eval()
+    authors = InvertedAttentionCapsNet(**small).eval()
     assert [layer.scale for layer in paper.capsules] == [1.0] * 3
     assert [layer.scale for layer in authors.capsules] == [0.25] * 3
     x = torch.rand(2, 1, 28, 28)

@@ -64,8 +64,18 @@ DATASETS: dict[str, dict[str, Any]] = {
         # Not digits: left-right flips keep the class, and `predict` does not box images as MNIST's. The class names
         # of the Fashion-MNIST README's label table.
         "digits": False,
-        "class_names": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                        "Ankle boot"),  # fmt: skip
+        "class_names": (
+            "T-shirt/top",
+            "Trouser",
+            "Pullover",
+            "Dress",
+            "Coat",
+            "Sandal",
+            "Shirt",
+            "Sneaker",
+            "Bag",
+            "Ankle boot",
+        ),
         # Debian's dataset-fashion-mnist (0.0~git20200523.55506a9-1) installs the same four file
         # names here, but recompressed: its gz files have other MD5s (listed below, computed from
         # that package) while the IDX content is the upstream one.

@@ -219,7 +219,9 @@ class AugmentSpec:
 DEFAULTS: dict[str, AugmentSpec] = {
     "cifar10": AugmentSpec(crop=(24, 24), flip=True, brightness=63 / 255, contrast=(0.2, 1.8), standardize=True),
     "cifar100": AugmentSpec(crop=(24, 24), flip=True, brightness=63 / 255, contrast=(0.2, 1.8), standardize=True),
-    "smallnorb": AugmentSpec(crop=(32, 32)),
+    # research/capsules norb_input_record.py (and capsule_em's): brightness, contrast, random 32×32 crop, per-image
+    # standardisation in training; the centre crop, standardised, at test
+    "smallnorb": AugmentSpec(crop=(32, 32), brightness=63 / 255, contrast=(0.2, 1.8), standardize=True),
     "svhn": AugmentSpec(shift=2),
     "idx": AugmentSpec(shift=2),
     "npz": AugmentSpec(shift=2),

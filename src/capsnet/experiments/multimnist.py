@@ -8,8 +8,8 @@ image; a pair counts as correct when the two longest digit capsules are exactly 
 
 Here:
 - the digit is zero-padded to 36×36 (4 px each side), then shifted by an integer (dy, dx) drawn uniformly from
-  [-4, 4]², independently for the two digits; the two are combined by pixel-wise max (`combine="max"`) or by
-  their sum clipped to 1 (`combine="sum"`);
+  [-4, 4]², independently for the two digits; the two are combined by their sum clipped to 1 (`combine="sum"`,
+  the official code's `mnist_shift.py`: the uint8 sum clipped at 255) or by the pixel-wise max (`combine="max"`);
 - an epoch is `pairs_per_digit` rounds; each round visits every training digit once (a fresh seeded
   permutation, sharded over torchrun ranks) as the first digit, and draws its partner uniformly among all
   training digits of another class. Every random draw comes from a generator seeded by
@@ -83,7 +83,7 @@ def draw_shifts(n: int, max_shift: int, generator: torch.Generator) -> torch.Ten
 
 
 def render_pairs(
-    first: torch.Tensor, second: torch.Tensor, shifts: torch.Tensor, *, canvas: int = 36, combine: Combine = "max"
+    first: torch.Tensor, second: torch.Tensor, shifts: torch.Tensor, *, canvas: int = 36, combine: Combine = "sum"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Overlay two digits. first, second float [B, C, h, w] in [0, 1]; shifts int [B, 4] (dy_a, dx_a, dy_b, dx_b).
 
@@ -182,7 +182,7 @@ class MultiMNISTTask(Task):
         test_pairs_per_digit: int = 1,
         max_shift: int = 4,
         canvas: int = 36,
-        combine: Combine = "max",
+        combine: Combine = "sum",
         seed: int = 0,
     ):
         if pairs_per_digit < 1 or test_pairs_per_digit < 1:
@@ -287,7 +287,7 @@ def generate(
     n_classes: int = 10,
     max_shift: int = 4,
     canvas: int = 36,
-    combine: Combine = "max",
+    combine: Combine = "sum",
     seed: int = 0,
     device: str | torch.device = "cpu",
 ) -> dict[str, torch.Tensor]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -87,6 +87,37 @@ class CapsNetConfig(RecordedData):
     router_init_std: float | None = field(
         default=None, metadata={"help": "initial std of W_ij (default: capsnet.routing.default_weight_std)"}
     )
+    # The official TensorFlow code's choices (github.com/Sarasra/models, research/capsules; docs/fidelity.md).
+    init: Literal["pytorch", "official"] = field(
+        default="pytorch",
+        metadata={"help": "initialisation: pytorch (PyTorch's defaults, W_ij std 1/sqrt(n_primary)) or official "
+                  "(the TensorFlow code's: truncated normal std 0.05 for conv1, 0.1 for the primary kernel, W_ij "
+                  "and the decoder; every bias 0.1)"},
+    )  # fmt: skip
+    primary_routing: bool = field(
+        default=False,
+        metadata={"help": "the official code's one-iteration routing of the primary capsules: the convolution's "
+                  "output (not its bias) times 1/primary_types (1/(primary_types+1) with leaky routing)"},
+    )  # fmt: skip
+    # The official code's reduction is the default: no worse on the sample (docs/benchmarks.md), and it is what
+    # produced the published figures; under Adam only its ratio to the reconstruction term matters.
+    margin_reduction: Literal["sum", "half-mean"] = field(
+        default="half-mean",
+        metadata={"help": "margin loss: half-mean (the official code's: ½ L_k averaged over the batch and the "
+                  "classes, Eq. 4 / 2n, so the reconstruction term weighs 2n times more than with sum) or sum "
+                  "over the classes, averaged over the batch (Eq. 4 as printed)"},
+    )  # fmt: skip
+    # Layouts of other implementations, for their converted weights (capsnet.models.converters).
+    primary_grouping: Literal["types", "flat"] = field(
+        default="types",
+        metadata={"help": "primary capsules: one per type and location (paper) or flat (D consecutive values of the "
+                  "flattened conv map, XifengGuo/CapsNet-Pytorch's layout)"},
+    )  # fmt: skip
+    coupling: Literal["outputs", "inputs"] = field(
+        default="outputs",
+        metadata={"help": "axis of the coupling softmax (Eq. 3): outputs (paper) or inputs (gram-ai/"
+                  "capsule-networks' computation; dynamic routing only)"},
+    )  # fmt: skip
 
     # Keys of older config.json files (capsnet 0.1.0), read by capsnet.config.from_dict with a DeprecationWarning.
     _renamed_keys: ClassVar[dict[str, str]] = {"digit_dim": "class_dim"}
@@ -116,8 +147,12 @@ class CapsNetConfig(RecordedData):
         self.decoder_hidden = tuple(self.decoder_hidden)
         check_loss_options(self)
         self._check_recorded(self.n_classes)
-        if (self.leaky_routing or self.capsule_bias) and self.routing != "dynamic":
-            raise ConfigError("leaky_routing and capsule_bias are options of dynamic routing (routing='dynamic')")
+        dynamic_only = self.leaky_routing or self.capsule_bias or self.coupling != "outputs"
+        if dynamic_only and self.routing != "dynamic":
+            raise ConfigError("leaky_routing, capsule_bias and coupling are options of dynamic routing "
+                              "(routing='dynamic')")  # fmt: skip
+        if self.coupling == "inputs" and self.leaky_routing:
+            raise ConfigError("leaky routing is a softmax over the outputs: it needs coupling='outputs'")
         if self.routing not in ROUTINGS:
             raise ConfigError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTINGS)}")
         if min(self.primary_hw) < 1:
@@ -166,6 +201,11 @@ class CapsNet(Pretrained, nn.Module):
     paper = "Sabour, Frosst & Hinton, NeurIPS 2017"
     designed_for = "MNIST 28x28 (also MultiMNIST, affNIST tests)"
     default_lr = 1e-3  # `capsnet train`'s Adam learning rate unless --lr is given (TensorFlow's Adam default)
+    # config.json files written before these keys existed: the model they describe, as it was trained
+    saved_defaults: ClassVar[dict[str, Any]] = {
+        "capsule_bias": False, "init": "pytorch", "primary_routing": False, "margin_reduction": "sum",
+        "primary_grouping": "types", "coupling": "outputs",
+    }  # fmt: skip
 
     def __init__(self, *, config: CapsNetConfig | None = None, **options):
         super().__init__()
@@ -173,6 +213,8 @@ class CapsNet(Pretrained, nn.Module):
         pad = cfg.kernel_size // 2 if cfg.padding == "same" else 0
         self.conv1 = nn.Conv2d(cfg.in_channels, cfg.conv_channels, cfg.kernel_size, stride=cfg.conv1_stride,
                                padding=pad)  # fmt: skip
+        # The official code's one-iteration primary routing: uniform coupling over the types (and the leak)
+        vote_scale = 1.0 / (cfg.primary_types + cfg.leaky_routing) if cfg.primary_routing else 1.0
         self.primary = PrimaryCapsules(
             in_channels=cfg.conv_channels,
             n_types=cfg.primary_types,
@@ -180,6 +222,8 @@ class CapsNet(Pretrained, nn.Module):
             kernel_size=cfg.kernel_size,
             stride=2,
             padding=pad,
+            vote_scale=vote_scale,
+            grouping=cfg.primary_grouping,
         )
         self.class_caps = class_capsule_layer(cfg)
         if cfg.routing == "inverted-attention":  # Tsai et al.'s classifier shared by the class capsules: pose -> logit
@@ -198,7 +242,9 @@ class CapsNet(Pretrained, nn.Module):
             # Untrained with recon_weight 0 (the forward pass skips it in training): frozen, so that DDP does not
             # wait for gradients that never come.
             self.decoder.requires_grad_(False)
-        self.margin_loss = MarginLoss(cfg.n_classes)
+        self.margin_loss = MarginLoss(cfg.n_classes, reduction=cfg.margin_reduction)
+        if cfg.init == "official":
+            official_init(self)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         """Accept the weights of older saves (capsnet 0.1.0), whose class capsules were called `digits`."""
@@ -244,8 +290,9 @@ class CapsNet(Pretrained, nn.Module):
     def loss(
         self, out: CapsNetOutput, images: torch.Tensor, labels: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Margin loss (Eq. 4) + recon_weight × reconstruction error. Returns (total, parts as detached 0-d
-        tensors on the loss's device: reading them is left to the caller, so a training step never waits)."""
+        """Margin loss (Eq. 4, reduced as `margin_reduction` says) + recon_weight × reconstruction error. Returns
+        (total, parts as detached 0-d tensors on the loss's device: reading them is left to the caller, so a
+        training step never waits)."""
         margin = self.margin_loss(out.lengths, labels)
         total, parts = margin, {"margin": margin.detach()}
         if out.reconstructions is not None and self.config.recon_weight > 0:
@@ -268,8 +315,34 @@ def class_capsule_layer(cfg: CapsNetConfig) -> nn.Module:
         return InvertedAttentionFC(*sizes, cfg.routing_iterations)
     if cfg.routing == "self-routing":
         return SelfRoutingFC(*sizes)
-    return Router(*sizes, cfg.routing_iterations, detach_votes=cfg.detach_votes, weight_std=cfg.router_init_std,
-                  leaky=cfg.leaky_routing, bias=cfg.capsule_bias)  # fmt: skip
+    official = cfg.router_init_std is None and cfg.init == "official"  # official_init draws W_ij at OFFICIAL_STD
+    return Router(*sizes, cfg.routing_iterations, detach_votes=cfg.detach_votes,
+                  weight_std=OFFICIAL_STD if official else cfg.router_init_std,
+                  leaky=cfg.leaky_routing, bias=cfg.capsule_bias, coupling=cfg.coupling)  # fmt: skip
+
+
+OFFICIAL_STD = 0.1  # the official code's `weight_variable` std (conv1: 0.05)
+
+
+@torch.no_grad()
+def official_init(model: CapsNet) -> None:
+    """The official TensorFlow code's initialisation: `tf.truncated_normal_initializer` (cut at 2 std) with std 0.05
+    for conv1 and 0.1 for the primary kernel, the decoder and (dynamic routing, unless router_init_std is given)
+    W_ij; `tf.constant_initializer(0.1)` for every bias."""
+
+    def truncated(w: torch.Tensor, std: float) -> None:
+        nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
+
+    dense = [m for m in model.decoder.net if isinstance(m, nn.Linear)] if model.decoder is not None else []
+    layers: list[nn.Module] = [model.conv1, model.primary.conv, *dense]
+    for m, std in zip(layers, [0.05] + [OFFICIAL_STD] * (len(layers) - 1), strict=True):
+        truncated(cast(torch.Tensor, m.weight), std)
+        nn.init.constant_(cast(torch.Tensor, m.bias), 0.1)
+    router = model.class_caps
+    if isinstance(router, Router):
+        truncated(router.weight, router.weight_std)
+        if router.bias is not None:
+            nn.init.constant_(router.bias, 0.1)
 
 
 def routing_inputs(cfg: CapsNetConfig, u: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -22,12 +22,19 @@ configs/resnet_backbone_CIFAR10.json run with `--backbone simple`, src/layers.py
 layers and weight shapes, and their count includes the LayerNorms' γ and β as this one does. The paper's Table 1
 could not be read for this check. (The released CIFAR-100 configuration differs: 6×6 poses and an extra fully
 connected capsule layer of 20.)
+
+`backbone="resnet"` is their ResNet backbone instead (their README's CIFAR-10 runs): a 3×3 convolution to 64
+channels with BatchNorm and ReLU, 3 basic blocks of 64 and 4 of `stem_channels` (the first with stride 2, 1×1
+projection shortcuts where the shape changes). The other options follow their code (docs/fidelity.md): the
+agreement scaled by 1/√d (the default), their per-channel input normalisation (`input_mean`, `input_std`) and, for
+their checkpoints only, their convolutional capsules' window expansion (`conv_windows="released"`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +47,9 @@ from ..routing.inverted_attention import InvertedAttentionConv, InvertedAttentio
 from .capsnet import CapsNetOutput
 from .inputs import check_capsule_layers, check_images
 from .pretrained import Pretrained
+from .self_routing_capsnet import _BasicBlock
+
+RESNET_STEM, RESNET_BLOCKS = 64, (3, 4)  # the authors' resnet_backbone: 64-channel stem, 3 + 4 basic blocks
 
 
 @dataclass
@@ -59,9 +69,27 @@ class InvertedAttentionCapsNetConfig:
         default=True, metadata={"help": "route all capsule layers concurrently (paper) or one by one"}
     )
     # Eq. 2 of the paper has no factor; the authors' released code multiplies the agreement by 1/√d (0.25 here).
-    agreement_scale: float = field(
-        default=1.0, metadata={"help": "factor on the agreement p_j.v_ij (1: the paper; 0.25: the authors' code)"}
+    agreement_scale: float | None = field(
+        default=None,
+        metadata={"help": "factor on the agreement p_j.v_ij (unset: 1/sqrt(pose_dim), the authors' code, 0.25 for "
+                  "4x4 poses; 1: Eq. 2 as the paper prints it)"},
+    )  # fmt: skip
+    backbone: Literal["simple", "resnet"] = field(
+        default="simple",
+        metadata={"help": "simple (one 3x3 stride-2 convolution) or resnet (the authors' ResNet backbone)"},
     )
+    input_mean: tuple[float, ...] = field(
+        default=(), metadata={"help": "per-channel mean subtracted from the [0, 1] input (empty: none)"}
+    )
+    input_std: tuple[float, ...] = field(
+        default=(), metadata={"help": "per-channel std the input is divided by (the authors' CIFAR-10: "
+                              "0.2023 0.1994 0.2010 with mean 0.4914 0.4822 0.4465)"},
+    )  # fmt: skip
+    conv_windows: Literal["true", "released"] = field(
+        default="true",
+        metadata={"help": "windows of the conv capsule layers: true (the paper) or released (the authors' code's "
+                  "expansion, which mixes locations; for their converted checkpoints)"},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         self.capsule_types, self.capsule_strides = tuple(self.capsule_types), tuple(self.capsule_strides)
@@ -70,9 +98,20 @@ class InvertedAttentionCapsNetConfig:
         for name in names:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.agreement_scale > 0:
+        if self.agreement_scale is not None and not self.agreement_scale > 0:
             raise ConfigError(f"agreement_scale must be > 0, got {self.agreement_scale}")
+        self.input_mean, self.input_std = tuple(self.input_mean), tuple(self.input_std)
+        if len(self.input_mean) != len(self.input_std) or len(self.input_mean) not in (0, self.in_channels):
+            raise ConfigError(f"input_mean and input_std need one value per input channel ({self.in_channels}), "
+                              f"got {len(self.input_mean)} and {len(self.input_std)}")  # fmt: skip
+        if self.input_std and min(self.input_std) <= 0:
+            raise ConfigError(f"input_std must be > 0, got {list(self.input_std)}")
         check_capsule_layers(self)
+
+    @property
+    def scale(self) -> float:
+        """The agreement's factor: `agreement_scale`, or 1/√pose_dim when unset (the authors' code)."""
+        return self.agreement_scale if self.agreement_scale is not None else 1.0 / math.sqrt(self.pose_dim)
 
     @property
     def grids(self) -> list[int]:
@@ -92,19 +131,27 @@ class InvertedAttentionCapsNet(Pretrained, nn.Module):
     designed_for = "CIFAR-10 32x32 RGB"
     routing_method = "inverted-attention"  # what `capsnet visualize` names the routing figure after
     default_lr = 1e-3
+    input_mean: torch.Tensor  # buffers [1, C, 1, 1], present when the config normalises the input
+    input_std: torch.Tensor
+    # config.json files written before `agreement_scale` existed used Eq. 2 as printed (no factor)
+    saved_defaults: ClassVar[dict[str, Any]] = {"agreement_scale": 1.0}
 
     def __init__(self, *, config: InvertedAttentionCapsNetConfig | None = None, **options):
         super().__init__()
         self.config = cfg = self.make_config(config, options)
-        self.backbone = nn.Conv2d(cfg.in_channels, cfg.stem_channels, 3, stride=2, padding=1)
+        self.backbone = backbone(cfg)
         self.primary = nn.Conv2d(cfg.stem_channels, cfg.primary_types * cfg.pose_dim, 1, bias=False)
         self.primary_norm = nn.LayerNorm(cfg.pose_dim)
+        if cfg.input_mean:  # (x - mean) / std per channel, as the authors' transforms.Normalize
+            self.register_buffer("input_mean", torch.tensor(cfg.input_mean).view(1, -1, 1, 1), persistent=False)
+            self.register_buffer("input_std", torch.tensor(cfg.input_std).view(1, -1, 1, 1), persistent=False)
         types = (cfg.primary_types, *cfg.capsule_types)
-        scale = cfg.agreement_scale
+        scale = cfg.scale
         layers: list[nn.Module] = [
-            InvertedAttentionConv(t_in, t_out, cfg.pose_dim, 3, s, cfg.routing_iterations, agreement_scale=scale)
+            InvertedAttentionConv(t_in, t_out, cfg.pose_dim, 3, s, cfg.routing_iterations, agreement_scale=scale,
+                                  windows=cfg.conv_windows)
             for t_in, t_out, s in zip(types, types[1:], cfg.capsule_strides, strict=False)
-        ]
+        ]  # fmt: skip
         n_in = types[-1] * cfg.grids[-1] ** 2
         layers.append(InvertedAttentionFC(n_in, cfg.n_classes, cfg.pose_dim, cfg.pose_dim, cfg.routing_iterations,
                                           matrix_pose=True, agreement_scale=scale))  # fmt: skip
@@ -118,7 +165,9 @@ class InvertedAttentionCapsNet(Pretrained, nn.Module):
         `coupling` is the class layer's routing weights r [B, n_in, n_classes] when asked for."""
         cfg = self.config
         check_images(images, channels=cfg.in_channels, size=cfg.image_size, model="InvertedAttentionCapsNet")
-        x = self.primary(F.relu(self.backbone(images)))  # [B, T·d, H, W]
+        if cfg.input_mean:
+            images = (images - self.input_mean.to(images.dtype)) / self.input_std.to(images.dtype)
+        x = self.primary(F.relu(self.backbone(images)))  # [B, T·d, H, W] (resnet: the ReLU is its own)
         b, _, h, w = x.shape
         u = x.view(b, cfg.primary_types, cfg.pose_dim, h, w).permute(0, 1, 3, 4, 2)  # [B, T, H, W, d]
         u = self.primary_norm(u)  # primary capsules: LayerNorm over each pose
@@ -139,3 +188,17 @@ class InvertedAttentionCapsNet(Pretrained, nn.Module):
         """Cross entropy of the class logits (the paper's loss). Returns (total, parts as detached tensors)."""
         ce = F.nll_loss(out.lengths.clamp_min(1e-12).log(), labels.long())
         return ce, {"cross_entropy": ce.detach(), "total": ce.detach()}
+
+
+def backbone(cfg: InvertedAttentionCapsNetConfig) -> nn.Module:
+    """The features the primary capsules read, [B, stem_channels, grid, grid]: one 3×3 stride-2 convolution (its
+    ReLU applied in forward), or the authors' ResNet backbone."""
+    if cfg.backbone == "simple":
+        return nn.Conv2d(cfg.in_channels, cfg.stem_channels, 3, stride=2, padding=1)
+    stem = [nn.Conv2d(cfg.in_channels, RESNET_STEM, 3, padding=1, bias=False), nn.BatchNorm2d(RESNET_STEM), nn.ReLU()]
+    blocks, c_in = [], RESNET_STEM
+    for width, n, stride in zip((RESNET_STEM, cfg.stem_channels), RESNET_BLOCKS, (1, 2), strict=True):
+        for k in range(n):
+            blocks.append(_BasicBlock(c_in, width, stride if k == 0 else 1, "projection"))
+            c_in = width
+    return nn.Sequential(*stem, *blocks)

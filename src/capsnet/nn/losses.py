@@ -38,11 +38,20 @@ class MarginLoss(nn.Module):
 
     Call as `loss(v, labels)` with capsules v [B, n, d] (or their lengths [B, n]) and labels either class
     indices [B] or multi-hot targets [B, n] (several digits present, as in MultiMNIST).
+
+    `reduction="half-mean"` is the official TensorFlow code's form (Sabour et al., research/capsules
+    `_margin_loss`): ½ L_k averaged over the batch *and* the classes, i.e. Eq. 4 divided by 2n.
     """
 
-    def __init__(self, n_labels: int = 10, lambda_: float = 0.5, m_positive: float = 0.9, m_negative: float = 0.1):
+    def __init__(
+        self, n_labels: int = 10, lambda_: float = 0.5, m_positive: float = 0.9, m_negative: float = 0.1, *,
+        reduction: Literal["sum", "half-mean"] = "sum",
+    ):  # fmt: skip
         super().__init__()
+        if reduction not in ("sum", "half-mean"):
+            raise ValueError(f"MarginLoss: reduction must be 'sum' or 'half-mean', got {reduction!r}")
         self.n_labels = n_labels
+        self.reduction = reduction
         self.lambda_ = lambda_
         self.m_positive = m_positive
         self.m_negative = m_negative
@@ -51,6 +60,7 @@ class MarginLoss(nn.Module):
         return (
             f"n_labels={self.n_labels}, lambda_={self.lambda_}, "
             f"m_positive={self.m_positive}, m_negative={self.m_negative}"
+            + (f", reduction={self.reduction!r}" if self.reduction != "sum" else "")
         )
 
     def forward(self, v: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -64,6 +74,8 @@ class MarginLoss(nn.Module):
         present = F.relu(self.m_positive - lengths) ** 2  # max(0, m⁺ - |v_k|)²
         absent = F.relu(lengths - self.m_negative) ** 2  # max(0, |v_k| - m⁻)²
         loss = t * present + self.lambda_ * (1.0 - t) * absent  # L_k  [B, n]
+        if self.reduction == "half-mean":  # the official code: ½ L_k averaged over batch and classes
+            return 0.5 * loss.mean()
         return loss.sum(dim=1).mean()
 
 

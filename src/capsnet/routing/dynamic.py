@@ -32,6 +32,9 @@ class RoutingResult(NamedTuple):
     coupling: torch.Tensor
 
 
+BIAS_INIT = 0.1  # the official code's initial capsule bias (research/capsules, `bias_variable`)
+
+
 def default_weight_std(in_caps: int) -> float:
     """Initial std of W_ij: 1 / sqrt(in_caps), a fan-in rule over the input capsules (0.0295 for MNIST's 1152).
 
@@ -57,7 +60,11 @@ class Router(KernelLayer, nn.Module):
             softmax over the output capsules, so an input capsule can send part of its vote nowhere; that share is
             dropped afterwards (the official code's `_leaky_routing`).
         bias: a learned bias per output capsule [out_caps, out_d], added to s_j before the squash in every
-            iteration (the official code's capsule layers have one; the paper does not mention it).
+            iteration (the official code's capsule layers have one, initialised to 0.1; the paper does not
+            mention it).
+        coupling: the axis of Eq. 3's softmax: "outputs" (the paper: each input capsule's c_ij sum to 1 over the
+            outputs j) or "inputs" (over the input capsules i, as gram-ai/capsule-networks computes it; for
+            their converted weights). "inputs" runs the plain autograd path.
         fast: use a fast path with a hand-derived backward (fp32 under autocast) instead of the plain autograd
             path (:func:`route_votes` + :func:`dynamic_routing`): on CPUs the fused C++ kernel of
             :mod:`capsnet.routing.dynamic_cpu` (built at first use; ``CAPSNET_NO_EXT=1`` disables it); on CUDA
@@ -84,8 +91,13 @@ class Router(KernelLayer, nn.Module):
         fast: bool = True,
         leaky: bool = False,
         bias: bool = False,
+        coupling: str = "outputs",
     ):
         super().__init__()
+        if coupling not in ("outputs", "inputs"):
+            raise ValueError(f"Router: coupling must be 'outputs' or 'inputs', got {coupling!r}")
+        if coupling == "inputs" and leaky:
+            raise ValueError("Router: leaky routing is a softmax over the outputs (coupling='outputs')")
         if min(in_caps, out_caps, in_d, out_d) < 1:
             raise ValueError("Router: in_caps, out_caps, in_d and out_d must all be >= 1")
         if iterations < 1:
@@ -97,12 +109,14 @@ class Router(KernelLayer, nn.Module):
         self.chunk: int | None = None  # batch chunk of the fast path; None: capsnet.routing.default_chunk
         self.weight = nn.Parameter(torch.empty(in_caps, out_caps, in_d, out_d))
         self.weight_std = default_weight_std(in_caps) if weight_std is None else weight_std
-        self.leaky = leaky
-        self.bias = nn.Parameter(torch.zeros(out_caps, out_d)) if bias else None
+        self.leaky, self.coupling = leaky, coupling
+        self.bias = nn.Parameter(torch.empty(out_caps, out_d)) if bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.weight, std=self.weight_std)
+        if self.bias is not None:
+            nn.init.constant_(self.bias, BIAS_INIT)
 
     def extra_repr(self) -> str:
         return (
@@ -110,6 +124,7 @@ class Router(KernelLayer, nn.Module):
             f"iterations={self.iterations}, detach_votes={self.detach_votes}"
             + (", leaky=True" if self.leaky else "")
             + (", bias=True" if self.bias is not None else "")
+            + (f", coupling={self.coupling!r}" if self.coupling != "outputs" else "")
         )
 
     def _check_input(self, u: torch.Tensor) -> None:
@@ -138,7 +153,7 @@ class Router(KernelLayer, nn.Module):
         # The fused CPU kernel implements plain Procedure 1; the GEMM path also leaky routing and the bias (but not
         # a bias with detach_votes: that takes the reference path, which materializes the votes [B, in, out, out_d]).
         plain = not self.leaky and self.bias is None
-        fast = self.fast and not (self.bias is not None and self.detach_votes)
+        fast = self.fast and not (self.bias is not None and self.detach_votes) and self.coupling == "outputs"
         if fast and plain and routing_cpu.applicable(u, self.weight, self.backend):
             v, c = routing_cpu.cpu_dynamic_routing(u, self.weight, self.iterations, detach_votes=self.detach_votes)
         elif fast and plain and routing_triton.applicable(u, self.weight, self.backend):  # CUDA, backend triton
@@ -157,8 +172,9 @@ class Router(KernelLayer, nn.Module):
             )
         else:
             v, c = dynamic_routing(
-                self.votes(u), self.iterations, detach_votes=self.detach_votes, leaky=self.leaky, bias=self.bias
-            )
+                self.votes(u), self.iterations, detach_votes=self.detach_votes, leaky=self.leaky, bias=self.bias,
+                coupling=self.coupling,
+            )  # fmt: skip
         if return_weights:
             return RoutingOutput(v, c)
         return RoutingResult(v, c) if return_coupling else v
@@ -179,18 +195,19 @@ def dynamic_routing(
     detach_votes: bool = False,
     leaky: bool = False,
     bias: torch.Tensor | None = None,
+    coupling: str = "outputs",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Procedure 1 on precomputed votes û [B, in, out, out_d]. Returns v [B, out, out_d] and the final c.
 
     `leaky`: §7's extra zero logit in the softmax over the outputs (its share dropped); `bias` [out, out_d]: added to
-    s_j before the squash (see :class:`Router`)."""
+    s_j before the squash; `coupling="inputs"`: the softmax runs over the input capsules (see :class:`Router`)."""
     batch, n_in, n_out, _ = u_hat.shape
     u_hat_routing = u_hat.detach() if detach_votes else u_hat
     b = u_hat.new_zeros(batch, n_in, n_out)  # b_ij ← 0  [B, in, out]
     for r in range(iterations):
         last = r == iterations - 1
         votes = u_hat if last else u_hat_routing
-        c = leaky_softmax(b) if leaky else F.softmax(b, dim=2)  # Eq. 3: c_ij = softmax_j(b_ij)  [B, in, out]
+        c = leaky_softmax(b) if leaky else F.softmax(b, dim=2 if coupling == "outputs" else 1)  # Eq. 3  [B, in, out]
         s = torch.einsum("bij,bijm->bjm", c, votes)  # s_j = Σ_i c_ij û_j|i  [B, out, out_d]
         if bias is not None:
             s = s + bias.to(s.dtype)  # the official code's per-capsule bias  [B, out, out_d]

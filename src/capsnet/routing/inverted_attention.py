@@ -138,14 +138,23 @@ class InvertedAttentionConv(_InvertedAttention):
 
     Input and output poses are capsule grids [B, types, H, W, d]. Each (child, window) pair routes on its own,
     as in the paper's convolutional capsule layers; W is shared over locations: [k·k·in_types, out_types, ...].
+
+    `windows="released"` reproduces the authors' released `CapsuleCONV.input_expansion`
+    (apple/ml-capsules-inverted-attention-routing, src/layers.py), which stacks the k×k windows on the last axis
+    ([.., d, L] for L output locations) and reads that memory as [.., L, d], so a child's "pose" at one location
+    mixes components of several locations. For weights trained that way (their checkpoints, converted); capsnet's
+    converted poses are the transposes of theirs, so the mixing is applied in their (row-major) component order.
     """
 
     def __init__(
         self, in_types: int, out_types: int, d: int, kernel_size: int = 3, stride: int = 1, iterations: int = 2,
-        *, matrix_pose: bool = True, agreement_scale: float = 1.0,
+        *, matrix_pose: bool = True, agreement_scale: float = 1.0, windows: str = "true",
     ):  # fmt: skip
         super().__init__()
         check_sizes("InvertedAttentionConv", in_types, out_types, d, kernel_size, stride, iterations)
+        if windows not in ("true", "released"):
+            raise ValueError(f"InvertedAttentionConv: windows must be 'true' or 'released', got {windows!r}")
+        self.windows = windows
         self.in_types, self.out_types, self.d, self.k, self.stride = in_types, out_types, d, kernel_size, stride
         self.iterations, self.scale = iterations, agreement_scale
         n_in = in_types * kernel_size * kernel_size
@@ -153,7 +162,8 @@ class InvertedAttentionConv(_InvertedAttention):
 
     def extra_repr(self) -> str:
         return (f"in_types={self.in_types}, out_types={self.out_types}, d={self.d}, kernel_size={self.k}, "
-                f"stride={self.stride}, iterations={self.iterations}, matrix_pose={self.matrix_pose}")  # fmt: skip
+                f"stride={self.stride}, iterations={self.iterations}, matrix_pose={self.matrix_pose}"
+                + (f", windows={self.windows!r}" if self.windows != "true" else ""))  # fmt: skip
 
     def output_grid(self, size: int) -> int:
         return (size - self.k) // self.stride + 1
@@ -167,6 +177,8 @@ class InvertedAttentionConv(_InvertedAttention):
         cols = F.unfold(u.permute(0, 1, 4, 2, 3).reshape(b, t * d, h, w), self.k, stride=self.stride)
         ho, wo = self.output_grid(h), self.output_grid(w)
         cols = cols.view(b, t, d, self.k * self.k, ho * wo).permute(0, 4, 1, 3, 2)  # [B, L, T, k·k, d]
+        if self.windows == "released":
+            cols = released_windows(cols, self.matrix_pose)
         return cols.reshape(b * ho * wo, t * self.k * self.k, d), ho, wo
 
     def _grid(self, p: torch.Tensor, b: int, ho: int, wo: int) -> torch.Tensor:
@@ -186,6 +198,22 @@ class InvertedAttentionConv(_InvertedAttention):
     def forward(self, u: torch.Tensor, *, parent: torch.Tensor | None = None) -> torch.Tensor:
         """u [B, in_types, H, W, d] -> [B, out_types, H', W', d]; `parent` as in :class:`InvertedAttentionFC`."""
         return self.route(u, parent, 1 if parent is not None else self.iterations)[0]
+
+
+def released_windows(cols: torch.Tensor, matrix_pose: bool) -> torch.Tensor:
+    """The authors' released window expansion (see :class:`InvertedAttentionConv`) from the true windows
+    cols [B, L, T, k·k, d]: per (type, offset), the [L, d] block of poses is reread from its [d, L] transpose's
+    memory. With matrix poses the components are first put in the authors' order (the transpose) and back after."""
+    b, n_loc, t, kk, d = cols.shape
+    x = cols.permute(0, 2, 3, 1, 4)  # [B, T, k·k, L, d]
+    side = math.isqrt(d)
+    perm = torch.arange(d, device=cols.device).view(side, side).t().reshape(-1) if matrix_pose else None
+    if perm is not None:
+        x = x[..., perm]  # capsnet's P = their Pᵀ: their component order
+    x = x.transpose(-1, -2).reshape(b, t, kk, n_loc, d)  # the stack on the last axis, read as [L, d]
+    if perm is not None:
+        x = x[..., perm]
+    return x.permute(0, 3, 1, 2, 4)  # [B, L, T, k·k, d]
 
 
 def concurrent_routing(

@@ -63,7 +63,8 @@ def capsnet_bytes(cfg, batch: int, device_type: str = "cuda") -> int | None:
     per_example += 3 * cfg.conv_channels * h1 * w1  # conv1 output, ReLU, their gradient
     per_example += 4 * n_in * d_in  # primary conv output, squash, gradients
     temporaries = 0
-    if cfg.capsule_bias and cfg.detach_votes:  # the reference path keeps the votes and per-pass products
+    reference = (cfg.capsule_bias and cfg.detach_votes) or getattr(cfg, "coupling", "outputs") != "outputs"
+    if reference:  # the reference path keeps the votes and per-pass products
         per_example += (2 * r + 1) * n_in * n_out * d_out
     else:  # the fast paths keep s_t, c_t, u and du; their [out, chunk, in_d, in] temporaries are bounded per chunk
         per_example += r * n_out * (n_in + d_out) + 2 * n_in * d_in

@@ -4,11 +4,12 @@
 that reads it. Each module provides
 
     add_arguments(parser)            its own command-line options (argparse), e.g. --variant
-    load(source, **options) -> model a capsnet model (a Pretrained nn.Module) holding the converted weights
+    load(source, **options) -> model a capsnet model (a Pretrained nn.Module, in eval mode) computing what the source
+                                     network computes, with the converted weights
 
 and raises :class:`capsnet.errors.CheckpointError` (one line) for a file it cannot read: not the format, a tensor
-missing or of the wrong shape, named. The modules import their readers (h5py, ...) lazily, so listing the formats
-needs none of them.
+missing or of the wrong shape, named. PyTorch files are read with `torch.load(weights_only=True)`. The modules import
+their readers (h5py, ...) lazily, so listing the formats needs none of them.
 
 May import: capsnet.models, capsnet.nn, capsnet.routing and the foundation modules (as capsnet.models); never data,
 training or above.
@@ -32,12 +33,28 @@ class Converter:
     description: str  # one line, shown by `capsnet convert --help`
     module: str  # the module that reads the format, relative to this package
 
+    def load(self, source: str | os.PathLike, **options: Any) -> Any:
+        """The converted model (eval mode), not written anywhere: the module's `load`."""
+        return importlib.import_module(self.module, __name__).load(source, **options)
+
 
 CONVERTERS: dict[str, Converter] = {
     "efficient-capsnet": Converter(
         "the Efficient-CapsNet authors' Keras .h5 weights (EscVM/Efficient-CapsNet bin/efficient_capsnet_*.h5: "
         "MNIST, smallNORB, MultiMNIST), classifier and reconstruction network",
         ".efficient_capsnet_keras",
+    ),
+    "xifengguo-capsnet": Converter(
+        "XifengGuo/CapsNet-Pytorch: its CapsuleNet state_dict (MNIST CapsNet, flat primary capsules)", ".xifengguo"
+    ),
+    "gram-ai-capsnet": Converter(
+        "gram-ai/capsule-networks: its CapsuleNet state_dict (MNIST CapsNet, coupling softmax over the inputs)",
+        ".gram_ai",
+    ),
+    "inverted-attention": Converter(
+        "apple/ml-capsules-inverted-attention-routing: its CapsModel checkpoint (simple or ResNet backbone), poses "
+        "transposed",
+        ".inverted_attention",
     ),
 }
 
