@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
+from . import hvc_augment
 from .augment import affine_warp, random_shift
 
 
@@ -107,10 +108,17 @@ class AugmentSpec:
     standardize: bool = False  # per-image standardization (done by the model: its config records it)
     rotate: float = 0.0  # random rotation of up to ± this many degrees (not the paper's)
     zoom: tuple[float, float] = (1.0, 1.0)  # range of a random scale factor (not the paper's)
+    # Byerly et al.'s MNIST augmentation (capsnet.data.hvc_augment), applied first; "hvc" sets all four
+    hvc_rotate: float = 0.0  # rotate half the images by up to ± this many degrees (normal draws)
+    hvc_shift: bool = False  # translate within the object's empty margins
+    hvc_squish: int = 0  # narrow by up to this many pixels
+    hvc_erase: int = 0  # zero a random square patch of this side
 
     def __post_init__(self) -> None:
         if self.rotate < 0 or not 0 < self.zoom[0] <= self.zoom[1]:
             raise ConfigError(f"augmentation {self}: need rotate >= 0 and 0 < zoom lo <= hi")
+        if min(self.hvc_rotate, self.hvc_squish, self.hvc_erase) < 0:
+            raise ConfigError(f"augmentation {self}: need hvc-rotate, hvc-squish and hvc-erase >= 0")
         lo, hi = self.contrast
         if self.shift < 0 or self.brightness < 0 or not 0 <= lo <= hi:
             raise ConfigError(f"augmentation {self}: need shift >= 0, brightness >= 0 and 0 <= contrast lo <= hi")
@@ -119,6 +127,9 @@ class AugmentSpec:
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """The training augmentation of a float batch [B, C, H, W] in [0, 1]; the result is clamped to [0, 1]."""
+        if self.hvc_rotate or self.hvc_shift or self.hvc_squish or self.hvc_erase:
+            x = hvc_augment.hvc_augment(x, rotate=self.hvc_rotate, shift=self.hvc_shift, squish=self.hvc_squish,
+                                        erase=self.hvc_erase, generator=generator)  # fmt: skip
         if self.crop is not None:
             x = random_crop(x, self.crop, generator=generator)
         if self.rotate or self.zoom != (1.0, 1.0):
@@ -141,6 +152,13 @@ class AugmentSpec:
 
     def __str__(self) -> str:
         parts = []
+        hvc = {"rotate": self.hvc_rotate, "shift": self.hvc_shift, "squish": self.hvc_squish, "erase": self.hvc_erase}
+        if hvc == hvc_augment.PAPER:
+            parts.append("hvc")
+        else:
+            parts += [f"hvc-rotate={self.hvc_rotate:g}"] if self.hvc_rotate else []
+            parts += ["hvc-shift"] if self.hvc_shift else []
+            parts += [f"hvc-{k}={v}" for k, v in (("squish", self.hvc_squish), ("erase", self.hvc_erase)) if v]
         if self.crop is not None:
             parts.append(f"crop={self.crop[0]}x{self.crop[1]}")
         if self.rotate:
@@ -162,15 +180,22 @@ class AugmentSpec:
     @classmethod
     def parse(cls, text: str) -> AugmentSpec:
         """The inverse of str(): "none", or a comma list of shift=N, crop=H[xW], flip, brightness=D,
-        contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize."""
+        contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, and Byerly et al.'s hvc (= hvc-rotate=30, hvc-shift,
+        hvc-squish=7, hvc-erase=4)."""
         spec: dict = {}
         for item in (t.strip() for t in text.split(",")):
             key, _, value = item.partition("=")
             try:
                 if item in ("", "none"):
                     continue
-                if key in ("flip", "standardize") and not value:
-                    spec[key] = True
+                if item == "hvc":
+                    spec.update({f"hvc_{k}": v for k, v in hvc_augment.PAPER.items()})
+                elif key in ("flip", "standardize", "hvc-shift") and not value:
+                    spec[key.replace("-", "_")] = True
+                elif key in ("hvc-squish", "hvc-erase"):
+                    spec[key.replace("-", "_")] = int(value)
+                elif key == "hvc-rotate":
+                    spec["hvc_rotate"] = float(value)
                 elif key == "shift":
                     spec["shift"] = int(value)
                 elif key == "crop":
@@ -190,7 +215,8 @@ class AugmentSpec:
             except ValueError:
                 raise ConfigError(
                     f"augmentation {text!r}: cannot read {item!r}; use none or a comma list of shift=N, crop=H[xW], "
-                    "flip, brightness=D, contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize"
+                    "flip, brightness=D, contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, hvc (or hvc-rotate=DEG, "
+                    "hvc-shift, hvc-squish=N, hvc-erase=N)"
                 ) from None
         return cls(**spec)
 
@@ -214,10 +240,13 @@ DEFAULTS: dict[str, AugmentSpec] = {
 }
 
 
-def resolve_augment(text: str, kind: str, *, shift: int = 2) -> AugmentSpec:
-    """ "auto": the default of data format `kind` (its 2 px shift replaced by `shift`, TrainConfig.shift);
-    otherwise :meth:`AugmentSpec.parse`."""
+def resolve_augment(text: str, kind: str, *, shift: int = 2, model_default: str | None = None) -> AugmentSpec:
+    """ "auto": the model's own augmentation for data format `kind` when it has one (`model_default`, e.g.
+    hvc-capsnet's "hvc" on MNIST-format sets), else the default of `kind` (its 2 px shift replaced by `shift`,
+    TrainConfig.shift); otherwise :meth:`AugmentSpec.parse`."""
     if text != "auto":
         return AugmentSpec.parse(text)
+    if model_default is not None:
+        return AugmentSpec.parse(model_default)
     spec = DEFAULTS.get(kind, DEFAULTS["folder"])
     return spec.replace(shift=shift) if spec.shift else spec

@@ -7,6 +7,7 @@ from .baseline import BaselineCNN
 from .capsnet import CapsNet
 from .efficient_capsnet import EfficientCapsNet
 from .em_capsnet import EMCapsNet
+from .hvc_capsnet import HVCCapsNet
 from .inverted_attention_capsnet import InvertedAttentionCapsNet
 from .pretrained import Pretrained
 from .self_routing_capsnet import SelfRoutingCapsNet
@@ -19,6 +20,7 @@ MODELS.update({
     "efficient-capsnet": EfficientCapsNet,
     "inverted-attention-capsnet": InvertedAttentionCapsNet,
     "self-routing-capsnet": SelfRoutingCapsNet,
+    "hvc-capsnet": HVCCapsNet,
 })  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from ..data.datasets import load_dataset
 from ..data.imageaug import AugmentSpec, resolve_augment
 from ..data.split import Split, to_float
 from ..errors import DatasetError
+from ..models.registry import MODELS
 from . import distributed as dist_utils
 from .evaluate import evaluate
 
@@ -132,7 +133,9 @@ class ClassificationTask(Task):
         data = load_dataset(config.dataset, data_dir=config.data_dir, **{k: v for k, v in options.items() if v})
         if data.train is None:
             raise DatasetError(f"{data.source}: holds only a test split; training needs the train-* files too")
-        spec = resolve_augment(getattr(config, "augment", "auto"), data.kind or "idx", shift=config.shift)
+        kind = data.kind or "idx"
+        recipe = getattr(MODELS.get(getattr(config, "model", "")), "default_augment", {}).get(kind)  # hvc-capsnet
+        spec = resolve_augment(getattr(config, "augment", "auto"), kind, shift=config.shift, model_default=recipe)
         if spec.flip and data.digits:
             raise DatasetError(f"{data.source}: a digit set; flipping digits changes their class (drop 'flip')")
         return cls(
