@@ -1,11 +1,13 @@
-"""`capsnet reproduce mnist|multimnist|affnist`: the paper's experiments, one command each."""
+"""`capsnet reproduce mnist|multimnist|affnist|cifar10|smallnorb|svhn`: the paper's experiments, one command each;
+`capsnet reproduce fashion-mnist`: every model's Fashion-MNIST recipe over several seeds."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ..experiments import image_sets
+from ..errors import ConfigError
+from ..experiments import fashion_mnist, image_sets
 from ..experiments.reproduce import EXPERIMENTS, format_table, run_experiment, setting_for
 from ..training.loop import resolve_device
 
@@ -15,7 +17,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "experiment",
         help="mnist (Table 1), multimnist (§6), affnist (§5.2), or cifar10, smallnorb, "
-        "svhn (§7; --quick on generated stand-ins in the real file formats)",
+        "svhn (§7; --quick on generated stand-ins in the real file formats), or fashion-mnist (every model's recipe "
+        "over --seeds seeds, the test accuracy of the validation-chosen checkpoint)",
     )
     p.add_argument("--quick", action="store_true", help=_quick_help())
     p.add_argument("--out", default="runs/reproduce", help="output folder (runs and results.json)")
@@ -26,9 +29,29 @@ def register(subparsers) -> None:
         help="data set name or MNIST-format folder (default: mnist, or mnist-sample with --quick)",
     )
     p.add_argument("--affnist", default=None, help="real affNIST test data: .mat files (needs scipy) or an IDX folder")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action="store_true", help="continue interrupted runs in --out")
-    p.set_defaults(func=run)
+    p.add_argument("--seed", type=int, default=0, help="the (first) seed")
+    p.add_argument("--resume", action="store_true", help="continue interrupted runs in --out (fashion-mnist: always)")
+    fm = p.add_argument_group("fashion-mnist")
+    fm.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help=f"a model to run (repeat, or a comma list; default: all of {', '.join(fashion_mnist.RECIPES)})",
+    )
+    fm.add_argument("--seeds", type=int, default=None, help="seeds per model: --seed, --seed + 1, ... (default: 3)")
+    fm.add_argument("--epochs", type=int, default=None, help="epochs of every run (default: each recipe's)")
+    fm.add_argument("--batch-size", type=int, default=None, help="batch size of every run (default: each recipe's)")
+    fm.add_argument(
+        "--data-dir",
+        default=None,
+        help="folder of the four Fashion-MNIST IDX files (default: the cache or the system's copy)",
+    )
+    fm.add_argument("--val-fraction", type=float, default=None, help="validation share of the training images")
+    p.set_defaults(func=run)  # fmt: skip
+
+
+FASHION_ONLY = ("model", "seeds", "epochs", "batch_size", "data_dir", "val_fraction")
 
 
 def _quick_help() -> str:
@@ -45,6 +68,11 @@ def _quick_help() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.experiment == fashion_mnist.EXPERIMENT:
+        return run_fashion(args)
+    given = [f"--{name.replace('_', '-')}" for name in FASHION_ONLY if getattr(args, name) is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: options of `capsnet reproduce fashion-mnist` only")
     if args.experiment in image_sets.EXPERIMENTS:
         return run_image_set(args)
     setting = setting_for(args.experiment, quick=args.quick, dataset=args.dataset)
@@ -85,4 +113,32 @@ def run_image_set(args: argparse.Namespace) -> int:
     print(f"\n{args.experiment}: ours vs the paper ({'QUICK run on stand-in data' if args.quick else 'full'})")
     print(format_table(report))
     print(f"results: {Path(args.out) / args.experiment / 'results.json'}")
+    return 0
+
+
+def run_fashion(args: argparse.Namespace) -> int:
+    """Every chosen model's Fashion-MNIST recipe over the seeds; finished runs are skipped, unfinished continued."""
+    if args.seeds is not None and args.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.dataset is not None or args.affnist is not None:
+        raise ConfigError("fashion-mnist reads Fashion-MNIST itself: give --data-dir, not --dataset / --affnist")
+    models = [m.strip() for arg in args.model for m in arg.split(",") if m.strip()] if args.model else None
+    plan = fashion_mnist.Plan(
+        models=models or list(fashion_mnist.RECIPES),
+        seeds=list(range(args.seed, args.seed + (args.seeds or 3))),
+        epochs=args.epochs, batch_size=args.batch_size, quick=args.quick, data_dir=args.data_dir,
+        device=args.device, val_fraction=args.val_fraction,
+    )  # fmt: skip
+    resolve_device(args.device)
+    for model in plan.models:
+        config = plan.train_config(model, plan.seeds[0], fashion_mnist.run_dir(args.out, model, plan.seeds[0]))
+        print(
+            f"{model}: {len(plan.seeds)} seed(s) x {config.epochs} epochs, batch {config.batch_size}, augment "
+            f"{config.augment}" + (" (QUICK: a subset, narrow models)" if plan.quick else ""),
+            flush=True,
+        )
+    report = fashion_mnist.run_fashion_mnist(plan, out=args.out)
+    print()
+    print(fashion_mnist.format_markdown(report))
+    print(f"results: {Path(args.out) / fashion_mnist.EXPERIMENT / 'results.json'} (and results.md)")
     return 0

@@ -35,6 +35,19 @@ FILE_NAMES: tuple[str, ...] = (
 # - Fashion-MNIST: github.com/zalandoresearch/fashion-mnist README (file table with MD5s) and
 #   torchvision's `FashionMNIST.resources`.
 # - KMNIST: github.com/rois-codh/kmnist and torchvision's `KMNIST.resources`.
+# Fashion-MNIST's label names, in label order (github.com/zalandoresearch/fashion-mnist README).
+FASHION_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 DATASETS: dict[str, dict[str, Any]] = {
     "mnist": {
         "files": {
@@ -62,6 +75,9 @@ DATASETS: dict[str, dict[str, Any]] = {
             "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
         ],
         "counts": (60000, 10000),
+        # Clothing, not digits (left-right flips keep the class); the label names of the upstream README.
+        "digits": False,
+        "class_names": FASHION_CLASSES,
         # Debian's dataset-fashion-mnist (0.0~git20200523.55506a9-1) installs the same four file
         # names here, but recompressed: its gz files have other MD5s (listed below, computed from
         # that package) while the IDX content is the upstream one.

@@ -68,8 +68,10 @@ def complete(name: str, where: Path) -> bool:
 
 def load(path: Path, fmt: str, *, name: str, source: str, **options: Any) -> Dataset:
     """Read `path` with the reader of `fmt`. `options` go to the readers that take them: image folders
-    (image_size, channels, val_fraction, seed, strict, cache_dir, workers), SVHN (extra), smallNORB (size)."""
-    return dataclasses.replace(_read(path, fmt, name=name, source=source, **options), kind=fmt)
+    (image_size, channels, val_fraction, seed, strict, cache_dir, workers), SVHN (extra), smallNORB (size). A known
+    set's own description (download.DATASETS: `digits`, `class_names`) replaces what its format implies."""
+    known = {k: v for k, v in DATASETS.get(name, {}).items() if k in ("digits", "class_names")}
+    return dataclasses.replace(_read(path, fmt, name=name, source=source, **options), kind=fmt, **known)
 
 
 def _read(path: Path, fmt: str, *, name: str, source: str, **options: Any) -> Dataset:
