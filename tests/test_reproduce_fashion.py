@@ -1,0 +1,93 @@
+"""`capsnet reproduce fashion-mnist`: the recipes, the run folders that resume or are skipped, the seed summary, and
+bad input (one line, exit 2). End to end on a stand-in written in Fashion-MNIST's IDX format."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from capsnet.cli import main
+from capsnet.data import load_dataset
+from capsnet.data.sources import load
+from capsnet.errors import ConfigError
+from capsnet.experiments import fashion_mnist as fm
+from capsnet.models.registry import MODELS
+
+
+def write_idx_standin(folder: Path, *, n_train: int = 700, n_test: int = 200, seed: int = 0) -> Path:
+    """Fashion-MNIST's four IDX files with learnable stand-in images: class k is a bright bar at row 2k + 4."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        labels = np.arange(n) % 10
+        images = (rng.random((n, 28, 28)) * 60).astype(np.uint8)
+        for i, k in enumerate(labels):
+            images[i, 2 * k + 4 : 2 * k + 7, 6:22] = 255
+        header = struct.pack(">IIII", 2051, n, 28, 28)
+        (folder / f"{split}-images-idx3-ubyte").write_bytes(header + images.tobytes())
+        (folder / f"{split}-labels-idx1-ubyte").write_bytes(
+            struct.pack(">II", 2049, n) + labels.astype(np.uint8).tobytes()
+        )
+    return folder
+
+
+def test_every_registered_model_has_a_recipe_and_a_quick_size():
+    assert set(fm.RECIPES) == set(MODELS) == set(fm.QUICK_MODELS)
+    for name, recipe in fm.RECIPES.items():
+        assert recipe.why and recipe.epochs >= 1 and recipe.batch_size >= 1, name
+        MODELS[name].config_class(**recipe.model)  # the options exist
+        MODELS[name](**fm.QUICK_MODELS[name], **recipe.model)
+        assert "flip" in recipe.augment  # clothing: a mirror keeps the class
+
+
+def test_fashion_mnist_is_clothing_with_its_class_names(tmp_path):
+    folder = write_idx_standin(tmp_path / "f", n_train=20, n_test=10)
+    data = load(folder, "idx", name="fashion-mnist", source=str(folder))
+    assert not data.digits and data.class_names[0] == "T-shirt/top" and data.class_names[9] == "Ankle boot"
+    assert load(folder, "idx", name="f", source=str(folder)).digits  # an unnamed IDX folder stays a digit set
+    assert load_dataset("fashion-mnist", data_dir=str(folder)).class_names == data.class_names
+
+
+def test_plan_checks_its_input():
+    with pytest.raises(ConfigError, match="no Fashion-MNIST recipe for resnet"):
+        fm.Plan(models=["resnet"], seeds=[0])
+    with pytest.raises(ConfigError, match="--epochs must be >= 1"):
+        fm.Plan(models=["hvc-capsnet"], seeds=[0], epochs=0)
+    plan = fm.Plan(models=["hvc-capsnet"], seeds=[0, 1], epochs=7)
+    config = plan.train_config("hvc-capsnet", 1, Path("o"))
+    assert (config.epochs, config.batch_size, config.augment, config.seed) == (7, 120, "hvc,flip", 1)
+    assert (config.lr, config.lr_decay) == (None, 0.94)
+
+
+def test_a_run_folder_trained_otherwise_is_an_error(tmp_path):
+    plan = fm.Plan(models=["hvc-capsnet"], seeds=[0])
+    folder = fm.run_dir(tmp_path, "hvc-capsnet", 0)
+    config = plan.train_config("hvc-capsnet", 0, folder)
+    assert fm.run_state(config) == "new"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"train": {"batch_size": 64, "augment": "hvc,flip"}}))
+    with pytest.raises(ConfigError, match="trained with batch_size 64, this command asks for 120"):
+        fm.run_state(config)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--model", "resnet"], "no Fashion-MNIST recipe for resnet"),
+    (["--seeds", "0"], "--seeds must be >= 1"),
+    (["--epochs", "0"], "--epochs must be >= 1"),
+    (["--dataset", "mnist"], "give --data-dir, not --dataset"),
+    (["--device", "tpu"], "tpu"),
+])  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    assert main(["reproduce", "fashion-mnist", "--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert not (tmp_path / "fashion-mnist").exists()  # nothing trained, nothing written
+
+
+def test_fashion_options_are_refused_by_the_other_experiments(capsys):
+    assert main(["reproduce", "mnist", "--seeds", "3"]) == 2
+    assert "--seeds: options of `capsnet reproduce fashion-mnist` only" in capsys.readouterr().err
