@@ -53,3 +53,28 @@ def run_without_extensions(code: str) -> str:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+def write_digits(folder, n: int, *, offset: int = 0):
+    """An MNIST-format folder (train and t10k, gzipped IDX) of `n` bundled test digits from `offset`: a small data
+    set that is not the bundled sample. Returns the folder."""
+    import gzip
+    import struct
+    from pathlib import Path
+
+    from capsnet.data import load_dataset
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    test = load_dataset("mnist-sample").test
+    arrays = {
+        "images-idx3": test.images[offset : offset + n, 0].numpy(),
+        "labels-idx1": test.labels[offset : offset + n].numpy(),
+    }
+    for split in ("train", "t10k"):
+        for kind, array in arrays.items():
+            header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+            (folder / f"{split}-{kind}-ubyte.gz").write_bytes(
+                gzip.compress(header + array.astype("uint8").tobytes(), mtime=0)
+            )
+    return folder

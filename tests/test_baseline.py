@@ -82,8 +82,8 @@ def test_train_with_the_baseline(tmp_path):
     assert isinstance(last, BaselineCNN) and last.config.channels == TINY["channels"]
     test = load_dataset("mnist-sample").test
     again = evaluate(last, Split(test.images[:32], test.labels[:32]))
-    assert again["accuracy"] == pytest.approx(result.history[0]["test_acc"])  # the figure is the saved model's
-    assert again["loss"] == pytest.approx(result.history[0]["test_loss"], rel=1e-5)
+    assert again["accuracy"] == pytest.approx(result.test["last"]["accuracy"])  # the figure is the saved model's
+    assert again["loss"] == pytest.approx(result.test["last"]["loss"], rel=1e-5)
     with pytest.raises(ConfigError, match="BaselineConfig"):
         from helpers import small_config
 
@@ -92,11 +92,12 @@ def test_train_with_the_baseline(tmp_path):
 
 @pytest.mark.slow
 def test_the_baseline_learns_with_its_default_lr(tmp_path):
-    """A narrow baseline (with pooling, so it is quick) on 1,024 digits, 3 epochs at its default lr (1e-4): test
-    accuracy well above chance on 500 test digits (0.234 measured; chance is 0.10, one standard error 0.013)."""
-    sizes = dict(train_subset=1024, test_subset=500, batch_size=16, epochs=3)
+    """A narrow baseline (with pooling, so it is quick) on 1,024 digits (no validation split: the learning rate is
+    the question, not the checkpoint), 3 epochs at its default lr (1e-4): test accuracy well above chance on 500 test
+    digits (0.234 measured; chance is 0.10, one standard error 0.013)."""
+    sizes = dict(train_subset=1024, test_subset=500, batch_size=16, epochs=3, val_fraction=0.0)
     cfg = TrainConfig(out=str(tmp_path / "run"), model="baseline", progress=False, tensorboard=False, **sizes)
     result = train(cfg, BaselineConfig(channels=(32, 32, 16), hidden=(64, 32), pool=True))
     losses = [row["train_loss"] for row in result.history]
     assert losses[2] < losses[1] < losses[0]
-    assert result.history[-1]["test_acc"] > 0.17
+    assert result.test["last"]["accuracy"] > 0.17

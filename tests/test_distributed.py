@@ -57,21 +57,21 @@ def test_torchrun_two_cpu_processes(tmp_path):
     assert r.returncode == 0, f"stdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-6000:]}"
     # only rank 0 prints and writes: one summary line per epoch, one closing line
     assert r.stdout.count("epoch 1/2") == 1 and r.stdout.count("epoch 2/2") == 1
-    assert r.stdout.count("done: best test accuracy") == 1
+    assert r.stdout.count("done: best/ is epoch") == 1 and r.stdout.count("test accuracy: best/") == 1
     rows = read_summary(out)
     assert [row["epoch"] for row in rows] == [1, 2]
     # Metrics were reduced over both ranks. With 101 test images rank 0 scores 51 of them and rank 1 50, so a
     # figure from one rank alone (k/51 or k/50) is never k/101 unless it is 0 or 1, and its loss differs too.
-    # (summary.csv keeps 6 decimals; k/51 and j/101 are at least 1/5151 apart.)
-    acc = rows[-1]["test_acc"]
-    assert 0 < acc < 1 and abs(acc * N_TEST - round(acc * N_TEST)) < 1e-3
+    tested = json.loads((out / "test.json").read_text())["last"]
+    acc = tested["accuracy"]
+    assert 0 < acc < 1 and abs(acc * N_TEST - round(acc * N_TEST)) < 1e-9 and tested["n"] == N_TEST
     model = load_pretrained(out / "last")
     test = load_dataset("mnist-sample").test
     whole = Split(test.images[:N_TEST], test.labels[:N_TEST])
     single = evaluate(model, whole)  # one process, all 101 images
     assert single["n"] == N_TEST
     assert acc == pytest.approx(single["accuracy"], abs=1e-5)
-    assert rows[-1]["test_loss"] == pytest.approx(single["loss"], rel=1e-4)
+    assert tested["loss"] == pytest.approx(single["loss"], rel=1e-4)
     for rank in (0, 1):  # each rank's share alone gives other figures
         share = evaluate(model, Split(whole.images[rank::2], whole.labels[rank::2]))
         assert share["n"] == (51, 50)[rank]

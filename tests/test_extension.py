@@ -50,7 +50,7 @@ def test_a_kernel_that_does_not_build_warns_once_and_falls_back(monkeypatch):
     monkeypatch.delenv("CAPSNET_NO_EXT", raising=False)
     calls = []
 
-    def fail(source_path, prefix, verbose=False):
+    def fail(source_path, prefix, verbose=False, *, notice=None):
         calls.append(prefix)
         raise OSError("no compiler")
 
@@ -76,3 +76,88 @@ def test_no_ext_disables_a_kernel_without_building_it(monkeypatch):
     ext = LazyExtension("inverted_attention_cpu", what="k", fallback="f")
     available, applicable = ext.checks()
     assert ext.load() is None and not available() and not applicable(torch.zeros(1), torch.zeros(1))
+
+
+# ------------------------------------------------------------------------------------------------ the build itself
+class _Module:
+    """Stands in for a compiled extension."""
+
+
+@pytest.fixture
+def fake_compiler(monkeypatch):
+    """torch's load_inline replaced by a stand-in that records PATH, edits os.environ as a build might, and fails
+    for the first (-march=native) variant; ninja is found only through the `ninja` package."""
+    import os
+    import sys
+    import types
+
+    seen = {}
+
+    def load_inline(*, name, extra_cflags, **_):
+        seen.setdefault("path", os.environ["PATH"])
+        os.environ["CAPSNET_TEST_BUILD_VAR"] = "set by the build"
+        os.environ["PATH"] = "/changed/by/the/build"
+        if "-march=native" in extra_cflags:
+            raise RuntimeError("no -march=native here")
+        seen["name"] = name
+        return _Module()
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load_inline", load_inline)
+    monkeypatch.setattr(extension.shutil, "which", lambda _: None)
+    monkeypatch.setitem(sys.modules, "ninja", types.SimpleNamespace(BIN_DIR="/the/ninja/bin"))
+    return seen
+
+
+def test_a_build_prints_one_notice_and_leaves_the_environment_as_it_was(fake_compiler, monkeypatch, capsys):
+    import os
+
+    monkeypatch.setattr(extension, "is_built", lambda name: False)
+    before = dict(os.environ)
+    module = extension.build_extension(CSRC / "routing_cpu.cpp", "capsnet_test", notice="compiling the test kernel")
+    assert isinstance(module, _Module) and fake_compiler["name"].startswith("capsnet_test_generic_")
+    assert fake_compiler["path"].startswith("/the/ninja/bin" + os.pathsep)  # ninja was on PATH during the build
+    assert dict(os.environ) == before  # PATH restored, the build's own variable gone
+    assert capsys.readouterr().err == "compiling the test kernel\n"
+
+
+def test_a_cached_build_prints_no_notice(fake_compiler, monkeypatch, capsys):
+    monkeypatch.setattr(extension, "is_built", lambda name: True)
+    extension.build_extension(CSRC / "routing_cpu.cpp", "capsnet_test", notice="compiling the test kernel")
+    assert capsys.readouterr().err == ""
+
+
+def test_a_failed_build_leaves_the_environment_as_it_was(monkeypatch):
+    import os
+
+    def load_inline(**_):
+        os.environ["PATH"] = "/changed"
+        raise OSError("no compiler")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load_inline", load_inline)
+    before = dict(os.environ)
+    with pytest.raises(RuntimeError, match="no compiler"):
+        extension.build_extension(CSRC / "routing_cpu.cpp", "capsnet_test")
+    assert dict(os.environ) == before
+
+
+@pytest.mark.slow
+def test_the_first_build_prints_exactly_one_line_and_keeps_os_environ(tmp_path):
+    """A real build in an empty extension cache, in a fresh interpreter: one notice line on stderr, nothing else,
+    and os.environ as it was before the build (after `import capsnet`: torch's own import-time settings aside)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, capsnet\n"
+        "from capsnet.routing import dynamic_cpu\n"
+        "before = dict(os.environ)\n"
+        "assert dynamic_cpu.available()\n"
+        "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CAPSNET_NO_EXT"}
+    env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "extensions")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("capsnet: compiling the fused CPU routing kernel"), lines

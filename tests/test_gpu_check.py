@@ -19,7 +19,8 @@ def test_gpu_check_smoke_run_writes_its_report(tmp_path):
     runs = {(e["loop"], e["variant"]) for e in report["epochs"]}
     assert runs == {("labml", "fp32"), ("capsnet", "fp32"), ("capsnet", "bf16"), ("capsnet", "bf16+compile")}
     assert all(e["images_per_s"] > 0 and e["batch"] == 32 for e in report["epochs"])
-    assert len(report["accuracy"]["test_acc"]) == 1 and report["smoke"]
+    assert len(report["accuracy"]["val_acc"]) == 1 and report["smoke"]
+    assert report["accuracy"]["test"]["best"]["epoch"] == 1
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| capsnet | bf16+compile | 32 |" in table and "Smoke run" in table
     routing = {r["command"].split()[1]: r for r in report["routing"]}

@@ -147,7 +147,7 @@ def test_single_folder_run_is_evaluated_on_its_own_held_out_split(tmp_path, caps
         "16x20",
         "--image-channels",
         "1",
-        "--val-fraction",
+        "--test-fraction",
         "0.34",
         "--epochs",
         "1",
@@ -168,9 +168,19 @@ def test_single_folder_run_is_evaluated_on_its_own_held_out_split(tmp_path, caps
     assert cli.main(args) == 0
     meta = json.loads((out / "config.json").read_text())
     assert meta["model"]["image_size"] == [16, 20] and meta["model"]["class_names"] == ["cat", "dog", "fox"]
-    capsys.readouterr()
+    assert meta["validation"]["n"] == 1  # round(0.1 · 12) of the 12 training images, at least one
+    assert "deprecated" not in capsys.readouterr().err
     assert cli.main(["evaluate", "--checkpoint", str(out), "--dataset", str(tmp_path / "imgs"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["n"] == 6  # 2 of each class's 6, as in training
+    # The old spelling: --val-fraction alone on such a folder now sets the validation share, and says so.
+    args[args.index("--test-fraction")] = "--val-fraction"
+    args[args.index("--out") + 1] = str(tmp_path / "run2")
+    assert cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert "--val-fraction now holds out validation images" in err and "--test-fraction" in err
+    meta = json.loads((tmp_path / "run2" / "config.json").read_text())
+    assert meta["train"]["val_fraction"] == 0.34 and meta["train"]["test_fraction"] == 0.1
+    assert meta["validation"]["n"] == 5  # round(0.34 · 15) of the 15 training images (3 of 18 for testing)
 
 
 def test_data_check_covers_every_source(tmp_path, capsys):

@@ -8,11 +8,20 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import small_config
+from test_api import CARD
 
 import capsnet
+from capsnet import CapsNet
+from capsnet.models.hub import CARD_NAME, WEIGHTS_ROOT, save_shipped
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "capsnet"
+TEST_TAG = "packaging-test"
+# Size budget: the code and the bundled digits stay under CODE_BUDGET; the weights shipped in the package under
+# WEIGHTS_BUDGET in all, so the wheel stays well under PyPI's default limit of 100 MB per file.
+CODE_BUDGET = 5 * 2**20
+WEIGHTS_BUDGET = 75 * 2**20
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +34,9 @@ def wheel(tmp_path_factory) -> Path:
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, project / name)
     shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.so"))
+    # A tiny model's shipped-weights folder, written into the copy only: the wheel must carry such folders.
+    save_shipped(CapsNet(config=small_config()), name="capsnet", tag=TEST_TAG, card=CARD,
+                 root=project / "src" / "capsnet" / "models" / "weights")  # fmt: skip
     cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp / "dist"), str(project)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -60,11 +72,13 @@ def test_wheel_holds_the_package_data_and_no_tests(wheel):
 
 @pytest.mark.slow
 def test_wheel_reads_its_bundled_digits(wheel, tmp_path):
-    """The unpacked wheel alone (no checkout on the path) loads the bundled sample and parses the CLI."""
+    """The unpacked wheel alone (no checkout on the path) loads the bundled sample and shipped weights by their tag,
+    and parses the CLI."""
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     code = (
         "import capsnet, capsnet.cli; from capsnet.data import load_dataset; d = load_dataset('mnist-sample'); "
-        "print(capsnet.__file__, len(d.train), len(d.test))"
+        f"m = capsnet.create_model('capsnet', pretrained='{TEST_TAG}'); "
+        "print(capsnet.__file__, len(d.train), len(d.test), m.config.conv_channels)"
     )
     r = subprocess.run(
         [sys.executable, "-c", code],
@@ -75,5 +89,24 @@ def test_wheel_reads_its_bundled_digits(wheel, tmp_path):
         env={"PYTHONPATH": str(tmp_path / "site"), "PATH": ""},
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    where, n_train, n_test = r.stdout.split()
+    where, n_train, n_test, conv_channels = r.stdout.split()
     assert Path(where).is_relative_to(tmp_path / "site") and (n_train, n_test) == ("6000", "2000")
+    assert conv_channels == str(small_config().conv_channels)  # the shipped folder, read from the wheel
+
+
+@pytest.mark.slow
+def test_wheel_holds_the_shipped_weights_and_stays_small(wheel):
+    infos = zipfile.ZipFile(wheel).infolist()
+    names = {i.filename for i in infos}
+    folder = f"capsnet/models/weights/capsnet/{TEST_TAG}"
+    assert {f"{folder}/config.json", f"{folder}/model.safetensors", f"{folder}/{CARD_NAME}"} <= names
+    weights = [i for i in infos if i.filename.startswith("capsnet/models/weights/")]
+    shipped = {f"capsnet/models/weights/{p.relative_to(WEIGHTS_ROOT).as_posix()}" for p in WEIGHTS_ROOT.rglob("*")
+               if p.is_file() and p.name in ("config.json", "model.safetensors", CARD_NAME)}  # fmt: skip
+    assert {i.filename for i in weights} - {f"{folder}/{n}" for n in ("config.json", "model.safetensors", CARD_NAME)} \
+        == shipped  # every file of the package's own shipped folders, and nothing else there  # fmt: skip
+    weights_size = sum(i.file_size for i in weights if not i.filename.startswith(folder))
+    code_size = sum(i.compress_size for i in infos if not i.filename.startswith("capsnet/models/weights/"))
+    assert code_size < CODE_BUDGET, f"code and data: {code_size / 2**20:.1f} MiB compressed"
+    assert weights_size < WEIGHTS_BUDGET, f"shipped weights: {weights_size / 2**20:.1f} MiB"
+    assert wheel.stat().st_size < CODE_BUDGET + WEIGHTS_BUDGET

@@ -230,15 +230,26 @@ def test_image_folder_layouts(tmp_path):
     ds = load_dataset(str(standins.write_image_folder(tmp_path / "a", per_class=6)))
     assert ds.names == ("cat", "dog", "fox") and tuple(ds.train.images.shape) == (18, 3, 20, 24)
     assert ds.train.labels.bincount().tolist() == [6, 6, 6] and len(ds.test) == 9
+    assert ds.val is None
     one = standins.write_image_folder(tmp_path / "b", per_class=10, split=False)
-    ds = load_dataset(str(one), val_fraction=0.2, seed=3)
+    ds = load_dataset(str(one), test_fraction=0.2, seed=3)
     assert len(ds.train) == 24 and ds.test.labels.bincount().tolist() == [2, 2, 2]  # stratified
-    again = load_dataset(str(one), val_fraction=0.2, seed=3)
+    again = load_dataset(str(one), test_fraction=0.2, seed=3)
     assert (again.test.images == ds.test.images).all()  # the fixed seed gives the same split
+    with pytest.warns(DeprecationWarning, match="use test_fraction="):  # the old name of the option
+        old = load_dataset(str(one), val_fraction=0.2, seed=3)
+    assert (old.test.images == ds.test.images).all()
     (tmp_path / "c" / "train").mkdir(parents=True)
     (tmp_path / "a" / "train").rename(tmp_path / "c" / "train")
     (tmp_path / "a" / "test").rename(tmp_path / "c" / "val")
-    assert len(load_dataset(str(tmp_path / "c")).test) == 9  # val/ as the test split
+    ds = load_dataset(str(tmp_path / "c"))
+    assert len(ds.test) == 9 and ds.val is None  # val/ alone beside train/ is the test split
+    standins.write_image_folder(tmp_path / "d", per_class=4)
+    (tmp_path / "c" / "val").rename(tmp_path / "c" / "test")
+    (tmp_path / "d" / "test").rename(tmp_path / "c" / "val")  # train/, val/ and test/: an official validation split
+    ds = load_dataset(str(tmp_path / "c"))
+    assert len(ds.train) == 18 and len(ds.test) == 9
+    assert len(ds.val) == 6 and ds.val.labels.tolist() == [0, 0, 1, 1, 2, 2]
 
 
 def test_image_folder_mixed_sizes_and_modes(tmp_path):

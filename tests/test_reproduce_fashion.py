@@ -91,3 +91,47 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
 def test_fashion_options_are_refused_by_the_other_experiments(capsys):
     assert main(["reproduce", "mnist", "--seeds", "3"]) == 2
     assert "--seeds: options of `capsnet reproduce fashion-mnist` only" in capsys.readouterr().err
+
+
+def _command(folder: Path, out: Path, *extra: str) -> list[str]:
+    return ["reproduce", "fashion-mnist", "--quick", "--model", "hvc-capsnet", "--data-dir", str(folder), "--out",
+            str(out), "--device", "cpu", *extra]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_quick_reproduction_reports_every_seed_resumes_and_skips(tmp_path, capsys):
+    from capsnet.training.loop import train
+
+    folder, out = write_idx_standin(tmp_path / "standin"), tmp_path / "out"
+    # seed 1 stopped after 3 steps (as by Ctrl-C): the command continues it from its checkpoint
+    plan = fm.Plan(models=["hvc-capsnet"], seeds=[0, 1], quick=True, data_dir=str(folder), device="cpu")
+    stopped = plan.train_config("hvc-capsnet", 1, fm.run_dir(out, "hvc-capsnet", 1), progress=False)
+    assert train(stopped, plan.model_config("hvc-capsnet"), on_step=lambda step: step >= 3).interrupted
+    assert main(_command(folder, out, "--seeds", "2")) == 0
+    printed = capsys.readouterr().out
+    assert "hvc-capsnet seed 0 (starting" in printed and "hvc-capsnet seed 1 (continuing" in printed
+    report = json.loads((out / "fashion-mnist" / "results.json").read_text())
+    (model,) = report["models"]
+    assert [r["seed"] for r in model["seeds"]] == [0, 1] and report["quick"]
+    for row, acc in zip(model["seeds"], model["test_accs"], strict=True):
+        test = json.loads((Path(row["run_dir"]) / "test.json").read_text())
+        assert test["selected_on"] == "val_acc" and acc == pytest.approx(100 * test["best"]["accuracy"])
+        assert test["best"]["n"] == 200  # the stand-in's test split, scored once at the end
+        config = json.loads((Path(row["run_dir"]) / "config.json").read_text())
+        assert config["train"]["val_fraction"] == 0.1 and config["model"]["channels"] == [4, 4, 6, 6, 6, 8, 8, 8, 8]
+    accs = model["test_accs"]
+    assert model["test_acc_mean"] == pytest.approx(sum(accs) / 2)
+    assert model["test_acc_std"] == pytest.approx(abs(accs[0] - accs[1]) / 2**0.5)
+    table = (out / "fashion-mnist" / "results.md").read_text()
+    assert "QUICK" in table and f"{model['test_acc_mean']:.2f} ± {model['test_acc_std']:.2f}" in table
+    # the same command again: both runs finished, nothing trains, the report is the same
+    weights = fm.run_dir(out, "hvc-capsnet", 0) / "best" / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    assert main(_command(folder, out, "--seeds", "2")) == 0
+    assert "starting" not in capsys.readouterr().out and weights.stat().st_mtime_ns == stamp
+    assert json.loads((out / "fashion-mnist" / "results.json").read_text())["models"] == report["models"]
+    # other settings on the same folders: one line, exit 2, nothing touched
+    assert main(_command(folder, out, "--seeds", "2", "--batch-size", "8")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "trained with batch_size 16, this command asks for 8" in err[0]
+    assert weights.stat().st_mtime_ns == stamp

@@ -339,7 +339,7 @@ def test_visualize_skips_routing_for_a_model_without_weights(tmp_path):
     pytest.importorskip("matplotlib")
     BaselineCNN(channels=(4,), hidden=(8,)).save_pretrained(tmp_path / "m")
     notes = []
-    written = visualize(tmp_path / "m", tmp_path / "fig", limit=8, log=notes.append)
+    written = visualize(tmp_path / "m", tmp_path / "fig", dataset="mnist-sample", limit=8, log=notes.append)
     assert set(written) == {"confusion"}
     assert any("no routing weights" in n for n in notes)
 

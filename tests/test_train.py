@@ -30,14 +30,15 @@ def test_two_epoch_run_writes_every_output(tmp_path):
     cfg, result = _run(tmp_path, "run", train={"tensorboard": True})
     run = tmp_path / "run"
     assert result.epochs_done == 2 and not result.interrupted
-    assert {p.name for p in run.iterdir()} >= {"config.json", "summary.csv", "best", "last", "state.pt", "tb"}
+    assert {p.name for p in run.iterdir()} >= {"config.json", "summary.csv", "best", "last", "state.pt", "tb",
+                                               "test.json"}  # fmt: skip
     config = json.loads((run / "config.json").read_text())
     assert config["train"]["epochs"] == 2 and config["model"]["conv_channels"] == 16
     rows = read_summary(run)
     assert [r["epoch"] for r in rows] == [1, 2]
     for row in rows:
         assert set(row) == set(COLUMNS)
-        assert 0 <= row["test_acc"] <= 1 and row["images_per_s"] > 0 and row["train_loss"] > 0
+        assert 0 <= row["val_acc"] <= 1 and row["images_per_s"] > 0 and row["train_loss"] > 0
     assert rows[1]["lr"] == pytest.approx(rows[0]["lr"] * cfg.decay_per_epoch)
     assert rows[-1]["lr"] == pytest.approx(cfg.learning_rate * cfg.lr_end)  # the schedule ends at lr × lr_end
     for sub in ("best", "last"):
@@ -80,8 +81,9 @@ def test_resumed_run_equals_uninterrupted(tmp_path):
     for k in a:
         assert torch.equal(a[k], b[k]), k
     for ra, rb in zip(full.history, resumed.history, strict=True):
-        for key in ("epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr"):
+        for key in ("epoch", "train_loss", "train_acc", "val_loss", "val_acc", "lr"):
             assert ra[key] == pytest.approx(rb[key], rel=1e-9, abs=1e-12), key
+    assert full.test == resumed.test
 
 
 @pytest.mark.slow

@@ -98,7 +98,7 @@ def test_no_host_reads_between_steps(tmp_path, model):
 def test_bf16_and_channels_last_training_runs(tmp_path):
     result = train(_run_config(tmp_path, "r", precision="bf16", channels_last=True), small_config())
     row = result.history[0]
-    assert torch.isfinite(torch.tensor(row["train_loss"])) and 0 <= row["test_acc"] <= 1
+    assert torch.isfinite(torch.tensor(row["train_loss"])) and 0 <= row["val_acc"] <= 1
 
 
 @pytest.mark.slow
@@ -106,7 +106,7 @@ def test_compiled_training_equals_eager(tmp_path):
     torch._dynamo.reset()
     eager = train(_run_config(tmp_path, "eager", train_subset=64), small_config())
     compiled = train(_run_config(tmp_path, "compiled", train_subset=64, compile=True), small_config())
-    for key in ("train_loss", "train_acc", "test_loss", "test_acc"):
+    for key in ("train_loss", "train_acc", "val_loss", "val_acc"):
         assert compiled.history[0][key] == pytest.approx(eager.history[0][key], rel=1e-4, abs=1e-5), key
 
 

@@ -3,7 +3,10 @@
 from ._version import __version__
 from .errors import CapsNetError, CheckpointError, ConfigError, DatasetError
 from .models.capsnet import CapsNet, CapsNetConfig, CapsNetOutput
+from .models.export import export_model
+from .models.factory import create_model
 from .models.pretrained import load_pretrained
+from .models.registry import list_models, register_model
 from .nn.decoder import CapsuleDecoder
 from .nn.losses import MarginLoss, capsule_lengths, reconstruction_loss
 from .nn.primary import PrimaryCapsules
@@ -26,8 +29,12 @@ __all__ = [
     "Squash",
     "__version__",
     "capsule_lengths",
+    "create_model",
     "dynamic_routing",
+    "export_model",
+    "list_models",
     "load_pretrained",
     "reconstruction_loss",
+    "register_model",
     "squash",
 ]

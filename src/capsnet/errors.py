@@ -17,3 +17,7 @@ class CheckpointError(CapsNetError):
 
 class ConfigError(CapsNetError, ValueError):
     """A configuration value or file is invalid."""
+
+
+class ExportError(CapsNetError):
+    """A model cannot be exported (to ONNX or torch.export), or its exported file does not match it."""

@@ -28,6 +28,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("visualize", "capsnet.cli.visualize"),
     ("reproduce", "capsnet.cli.reproduce"),
     ("models", "capsnet.cli.models"),
+    ("export", "capsnet.cli.export"),
 ]
 
 

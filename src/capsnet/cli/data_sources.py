@@ -57,8 +57,7 @@ def check_source(name: str, path: Path, fmt: str, *, strict: bool) -> bool:
     (read by the format's reader, which checks its structure). Returns whether all is well."""
     all_ok = True
     if fmt == "folder":
-        train, test = folder.split_dirs(path)
-        for part in (train, test):
+        for part in folder.split_dirs(path):
             if part is not None:
                 class_dirs = folder._class_dirs(part)
                 n_files = sum(len(folder._images_in(d)) for d in class_dirs)
@@ -90,5 +89,6 @@ def check_source(name: str, path: Path, fmt: str, *, strict: bool) -> bool:
         return False
     shape = "×".join(map(str, ds.image_shape))
     train_text = f"train {len(ds.train)}, " if ds.train is not None else "no train split, "
-    print(f"OK    content  {fmt}: {train_text}test {len(ds.test)}, images {shape}, {ds.n_classes} classes")
+    val_text = f"val {len(ds.val)}, " if ds.val is not None else ""
+    print(f"OK    content  {fmt}: {train_text}{val_text}test {len(ds.test)}, images {shape}, {ds.n_classes} classes")
     return all_ok

@@ -33,16 +33,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"{out} already holds a finished {args.epochs}-epoch demo run; evaluating it")
     else:
         print(
-            f"training the paper's CapsNet on the bundled MNIST sample (6,000 train / 2,000 test) for "
-            f"{args.epochs} epochs -> {out}/" + (" (resuming)" if resume else "")
+            "training the paper's CapsNet on the bundled MNIST sample (5,400 train / 600 validation / 2,000 test) "
+            f"for {args.epochs} epochs -> {out}/" + (" (resuming)" if resume else "")
         )
         result = train(TrainConfig(epochs=args.epochs, out=str(out), resume=resume, device=args.device))
         if result.interrupted:
             return 130
     r = evaluate_checkpoint(out, dataset="mnist-sample", device=str(resolve_device(args.device)))
     print(
-        f"test accuracy of {out}/best: {r['accuracy']:.4f} on {r['n']} bundled test digits "
-        f"(error {100 * (1 - r['accuracy']):.2f}%)"
+        f"test accuracy of {out}/best (the epoch chosen on validation): {r['accuracy']:.4f} on {r['n']} bundled "
+        f"test digits (error {100 * (1 - r['accuracy']):.2f}%)"
     )
     figures = _figures(out, args) if args.figures else []
     print("outputs:")

@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..training.evaluate import evaluate_checkpoint
+from ..training.evaluate import describe_scored, evaluate_checkpoint
+from .checkpoints import add_model_arguments, model_paths
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("evaluate", help="accuracy, per-class accuracy and confusion matrix of a checkpoint")
-    p.add_argument("--checkpoint", required=True, action="append",
-                   help="run folder (uses best/) or save_pretrained folder; repeat it to evaluate an ensemble that "
-                   "averages the capsule lengths (the paper's CIFAR-10 ensemble, §7)")  # fmt: skip
-    p.add_argument("--dataset", default="mnist-sample", help="data set name or folder (default: mnist-sample)")
-    p.add_argument("--data-dir", default=None, help="folder with MNIST-format IDX files")
+    add_model_arguments(p, repeat="repeat them to evaluate an ensemble that averages the capsule lengths (the "
+                        "paper's CIFAR-10 ensemble, §7)")  # fmt: skip
+    p.add_argument("--dataset", default=None,
+                   help="data set name or folder (default: the one the checkpoint was trained on, from its run's "
+                   "config.json or the shipped weights' card)")  # fmt: skip
+    p.add_argument("--data-dir", default=None, help="folder holding the data set's files")
     p.add_argument("--split", choices=["test", "train"], default="test")
     p.add_argument("--batch-size", type=int, default=250)
     p.add_argument("--device", default="cpu")
@@ -23,8 +25,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    paths = model_paths(args)
     r = evaluate_checkpoint(
-        args.checkpoint if len(args.checkpoint) > 1 else args.checkpoint[0],
+        paths if len(paths) > 1 else paths[0],
         dataset=args.dataset,
         data_dir=args.data_dir,
         split=args.split,
@@ -35,12 +38,14 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(r))
         return 0
     k = len(r["per_class"])
+    for entry in r["scored"]:
+        print(f"scored {describe_scored(entry)}")
     print(
         f"{r['dataset']} {r['split']}: accuracy {r['accuracy']:.4f} ({r['n']} images), "
         f"error {100 * (1 - r['accuracy']):.2f}%"
     )
-    if len(args.checkpoint) > 1:
-        print(f"ensemble of {len(args.checkpoint)} checkpoints (capsule lengths averaged)")
+    if len(paths) > 1:
+        print(f"ensemble of {len(paths)} checkpoints (capsule lengths averaged)")
     names = r.get("class_names") or [str(j) for j in range(k)]
     print("per-class accuracy: " + "  ".join(f"{n}:{a:.3f}" for n, a in zip(names, r["per_class"])))
     if any(n != str(j) for j, n in enumerate(names)):

@@ -1,15 +1,19 @@
-"""`capsnet models`: every model `capsnet train --model NAME` knows, with its size, paper and intended data."""
+"""`capsnet models`: every registered model (`capsnet train --model NAME`, `capsnet.create_model(NAME)`), with its
+size, paper, intended data and the weights shipped for it (`--pretrained NAME:TAG`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from ..models.hub import shipped_tags
 from ..models.registry import MODELS
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("models", help="list the models: parameters, paper, data they were designed for")
+    p = subparsers.add_parser(
+        "models", help="list the models: parameters, paper, data they were designed for, shipped weights"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object per model")
     p.set_defaults(func=run)
 
@@ -28,6 +32,8 @@ def model_rows() -> list[dict]:
             "paper": getattr(cls, "paper", "-"),
             "designed_for": getattr(cls, "designed_for", "-"),
             "default_lr": cls.default_lr,
+            "aliases": MODELS.aliases(name),
+            "weights": shipped_tags(name),
         })  # fmt: skip
     return rows
 
@@ -39,10 +45,12 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(row))
         return 0
     width, paper = max(len(r["model"]) for r in rows), max(len(r["paper"]) for r in rows)
-    print(f"{'model':<{width}}  {'parameters':>11}  {'no decoder':>11}  {'paper':<{paper}}  designed for")
+    designed = max(len(r["designed_for"]) for r in rows)
+    print(f"{'model':<{width}}  {'parameters':>11}  {'no decoder':>11}  {'paper':<{paper}}  "
+          f"{'designed for':<{designed}}  weights (--pretrained NAME:TAG)")  # fmt: skip
     for r in rows:
         print(
             f"{r['model']:<{width}}  {r['parameters']:>11,}  {r['without_decoder']:>11,}  {r['paper']:<{paper}}  "
-            f"{r['designed_for']}"
+            f"{r['designed_for']:<{designed}}  {', '.join(r['weights']) or '-'}"
         )
     return 0

@@ -8,18 +8,20 @@ import json
 from ..models.pretrained import load_pretrained
 from ..training.checkpoint import resolve_checkpoint
 from ..training.evaluate import predict
+from .checkpoints import add_model_arguments, model_paths
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("predict", help="classify PNG or JPEG images with a trained model")
-    p.add_argument("--checkpoint", required=True, help="run folder (uses best/) or save_pretrained folder")
+    add_model_arguments(p)
     p.add_argument("images", nargs="+", metavar="IMAGE", help="PNG or JPEG files, any size")
     p.add_argument("--json", action="store_true", help="print one JSON object per image")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    model = load_pretrained(resolve_checkpoint(args.checkpoint))
+    (path,) = model_paths(args)
+    model = load_pretrained(resolve_checkpoint(path))
     for r in predict(model, args.images):
         if args.json:
             print(json.dumps(r))

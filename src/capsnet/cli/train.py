@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import typing
+from pathlib import Path
 from typing import Any
 
 from ..config import (
@@ -18,6 +20,7 @@ from ..config import (
     field_default,
     load_config_file,
 )
+from ..data import folder
 from ..errors import ConfigError
 from ..models.registry import MODELS
 from ..training.loop import DATA_FIELDS, TrainConfig, train
@@ -108,18 +111,30 @@ def configs_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Any]:
     return config, dataclass_from_args(config_class, model_args, model_base)
 
 
+def _single_folder(dataset: str) -> bool:
+    """Whether `dataset` is one image folder of classes with no test split (split by --test-fraction)."""
+    path = Path(dataset).expanduser()
+    return path.is_dir() and folder.detect(path) and folder.split_dirs(path)[1] is None
+
+
 def _reject(what: str, model: str) -> None:
     raise ConfigError(f"{what} is not an option of --model {model} (it takes: {', '.join(flags_of(model))})")
 
 
 def run(args: argparse.Namespace) -> int:
     config, model_config = configs_from_args(args)
+    if args.val_fraction is not None and args.test_fraction is None and _single_folder(config.dataset):
+        print("capsnet train: --val-fraction now holds out validation images; a folder without a test split holds "
+              f"out --test-fraction (default {config.test_fraction}) of each class for testing (deprecated "
+              "meaning of --val-fraction)", file=sys.stderr)  # fmt: skip
     result = train(config, model_config)
     if result.interrupted:
         return 128 + result.signal if result.signal else 130
     if result.is_main:
+        chosen = result.best.get("metric", "").replace("val_acc", "validation").replace("test_acc", "test")
         print(
-            f"done: best test accuracy {result.best_test_acc:.4f}; outputs in {result.run_dir}/ "
-            "(best/, last/, summary.csv, config.json)"
+            f"done: best/ is epoch {result.best.get('epoch')} (chosen on {chosen} accuracy), test accuracy "
+            f"{result.best_test_acc:.4f}; outputs in {result.run_dir}/ (best/, last/, test.json, summary.csv, "
+            "config.json)"
         )
     return 0

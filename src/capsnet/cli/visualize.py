@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from ..models.pretrained import CONFIG_NAME
 from ..training.checkpoint import resolve_checkpoint
 from ..viz.figures import visualize
+from .checkpoints import add_model_arguments, model_paths
 
 
 def register(subparsers) -> None:
@@ -18,18 +20,13 @@ def register(subparsers) -> None:
         description="Write reconstructions.png, perturbation.png, routing.png, curves.png and confusion.png "
         "for a checkpoint (a training run folder or a save_pretrained folder).",
     )
-    p.add_argument(
-        "--checkpoint",
-        required=True,
-        metavar="PATH",
-        help="run folder (uses best/, else last/) or save_pretrained folder",
-    )
+    add_model_arguments(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--dataset",
-        default="mnist-sample",
+        default=None,
         metavar="NAME",
-        help="data set name or folder (default: the bundled mnist-sample)",
+        help="data set name or folder (default: the one the checkpoint was trained on)",
     )
     src.add_argument("--data-dir", metavar="DIR", help="folder holding MNIST-format IDX files")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the PNG files into")
@@ -57,8 +54,9 @@ def _positive(s: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    (checkpoint,) = model_paths(args)
     written = visualize(
-        args.checkpoint,
+        checkpoint,
         args.out,
         dataset=args.dataset,
         data_dir=args.data_dir,
@@ -70,13 +68,13 @@ def run(args: argparse.Namespace) -> int:
     )
     for path in written.values():
         print(path)
-    names = _class_names(args.checkpoint)
+    names = _class_names(checkpoint)
     if names:  # the names the model recorded from its training data (the figures show class indices)
         print("classes: " + "  ".join(f"{k}={name}" for k, name in enumerate(names)))
     return 0
 
 
-def _class_names(checkpoint: str) -> list[str]:
+def _class_names(checkpoint: str | os.PathLike) -> list[str]:
     folder = resolve_checkpoint(checkpoint)
     try:
         meta = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))

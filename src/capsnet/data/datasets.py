@@ -90,7 +90,7 @@ def load_dataset(
     "mnist-sample", or a known set ("mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "svhn",
     "smallnorb") from the cache, a system folder or, failing those and if `download`, from its mirrors into the
     cache. `options` go to the reader (:func:`capsnet.data.sources.load`): for image folders image_size ("H" or
-    "HxW"), channels (1|3), val_fraction, seed, strict; for SVHN extra=True."""
+    "HxW"), channels (1|3), test_fraction, seed, strict; for SVHN extra=True."""
     name, folder, source = resolve(name_or_dir, data_dir=data_dir, cache_dir=cache_dir)
     if folder is None:
         folder = Path(source)

@@ -1,8 +1,9 @@
 """Image folders: `root/<class>/*.png` (or jpg, jpeg, bmp, gif, webp, tif), one folder per class.
 
-Two layouts:
-  root/train/<class>/...  and  root/test/<class>/...  (or root/val/)   the given split
-  root/<class>/...                                                      split by `val_fraction`, stratified, seeded
+Three layouts:
+  root/train/<class>/..., root/val/<class>/... and root/test/<class>/...   the given splits (val: validation)
+  root/train/<class>/...  and  root/test/<class>/...  (or root/val/)     the given split (val/ as the test split)
+  root/<class>/...                                                        split by `test_fraction`, stratified, seeded
 
 Class names are the sorted folder names. Images of mixed sizes and modes are converted at load time to
 `image_size` (H, W) and `channels` (1: greyscale, 3: RGB); by default the most common size and mode found.
@@ -17,10 +18,13 @@ first few paths; `strict=True` makes it an error. Pillow is the optional extra `
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import sys
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -74,19 +78,20 @@ def _images_in(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in EXTENSIONS)
 
 
-def split_dirs(root: Path) -> tuple[Path, Path | None]:
-    """(train folder, test folder or None): root/train + root/test (or val), or root itself (then None)."""
+def split_dirs(root: Path) -> tuple[Path, Path | None, Path | None]:
+    """(train folder, test folder or None, validation folder or None): root/train with root/test and root/val
+    (validation), root/train with root/test or root/val (the test split), or root itself (then None, None)."""
     if (root / "train").is_dir():
-        for name in ("test", "val"):
-            if (root / name).is_dir():
-                return root / "train", root / name
-        return root / "train", None
-    return root, None
+        test, val = (root / "test", root / "val")
+        if test.is_dir():
+            return root / "train", test, val if val.is_dir() else None
+        return root / "train", val if val.is_dir() else None, None
+    return root, None, None
 
 
 def detect(root: Path) -> bool:
     """Whether `root` looks like an image folder: class folders (under train/ or directly) holding images."""
-    train, _ = split_dirs(root)
+    train, _, _ = split_dirs(root)
     try:
         return any(_images_in(d) for d in _class_dirs(train))
     except OSError:
@@ -105,35 +110,37 @@ def _list_classes(folder: Path) -> dict[str, list[Path]]:
     return classes
 
 
-def _entries(root: Path, val_fraction: float, seed: int) -> tuple[list[str], list[tuple[Path, int]], int]:
-    """(class names, [(file, label)] with all training files first, number of training files)."""
-    train_dir, test_dir = split_dirs(root)
+def _entries(root: Path, test_fraction: float, seed: int) -> tuple[list[str], list[tuple[Path, int]], list[int]]:
+    """(class names, [(file, label)] as the training files, then the test files, then the validation files, and
+    the sizes of those three parts)."""
+    train_dir, test_dir, val_dir = split_dirs(root)
     train_classes = _list_classes(train_dir)
     names = sorted(train_classes)
     if len(names) < 2:
         raise DatasetError(f"{train_dir}: only one class folder ({names[0]}); a classifier needs at least 2")
     index = {n: k for k, n in enumerate(names)}
     if test_dir is not None:
-        test_classes = _list_classes(test_dir)
-        extra = sorted(set(test_classes) - set(names))
-        if extra:
-            raise DatasetError(f"{test_dir / extra[0]}: class {extra[0]!r} has no training folder in {train_dir}")
-        train = [(p, index[n]) for n in names for p in train_classes[n]]
-        test = [(p, index[n]) for n in sorted(test_classes) for p in test_classes[n]]
-        return names, train + test, len(train)
-    if not 0 < val_fraction < 1:
-        raise DatasetError(f"{root}: val_fraction must be in (0, 1) to split one folder, got {val_fraction}")
+        parts = [[(p, index[n]) for n in names for p in train_classes[n]]]
+        for folder in (test_dir, val_dir) if val_dir is not None else (test_dir,):
+            classes = _list_classes(folder)
+            extra = sorted(set(classes) - set(names))
+            if extra:
+                raise DatasetError(f"{folder / extra[0]}: class {extra[0]!r} has no training folder in {train_dir}")
+            parts.append([(p, index[n]) for n in sorted(classes) for p in classes[n]])
+        return names, [e for part in parts for e in part], [len(part) for part in parts]
+    if not 0 < test_fraction < 1:
+        raise DatasetError(f"{root}: test_fraction must be in (0, 1) to split one folder, got {test_fraction}")
     rng = np.random.default_rng(seed)
     train, test = [], []
-    for n in names:  # stratified: each class gives round(val_fraction · count) test images, at least one
+    for n in names:  # stratified: each class gives round(test_fraction · count) test images, at least one
         files = train_classes[n]
         order = rng.permutation(len(files))
-        n_test = min(max(1, round(val_fraction * len(files))), len(files) - 1) if len(files) > 1 else 0
+        n_test = min(max(1, round(test_fraction * len(files))), len(files) - 1) if len(files) > 1 else 0
         test += [(files[i], index[n]) for i in sorted(order[:n_test])]
         train += [(files[i], index[n]) for i in sorted(order[n_test:])]
     if not test:
         raise DatasetError(f"{root}: too few images to hold out a test split (give train/ and test/ folders)")
-    return names, train + test, len(train)
+    return names, train + test, [len(train), len(test)]
 
 
 def _probe(path: Path) -> tuple[int, int, int] | None:
@@ -234,24 +241,32 @@ def load_folder(
     *,
     image_size: str | int | tuple[int, int] | None = None,
     channels: int | None = None,
-    val_fraction: float = 0.1,
+    test_fraction: float = 0.1,
     seed: int = 0,
     strict: bool = False,
     cache_dir: str | os.PathLike | None = None,
     workers: int | None = None,
     name: str | None = None,
     source: str | None = None,
+    val_fraction: float | None = None,
 ):
-    """Load an image folder as a :class:`Dataset` (see the module docstring for the layouts and options)."""
+    """Load an image folder as a :class:`Dataset` (see the module docstring for the layouts and options).
+
+    `val_fraction` is the deprecated name of `test_fraction` (the share of each class held out for *testing* when
+    the folder has no test split); a validation split is held out of the training split by the training task."""
+    if val_fraction is not None:
+        warnings.warn("load_folder(val_fraction=) is deprecated: it holds out test images; use test_fraction=",
+                      DeprecationWarning, stacklevel=2)  # fmt: skip
+        test_fraction = val_fraction
     root = Path(root)
     size = parse_size(image_size)
     if channels not in (None, 1, 3):
         raise DatasetError(f"channels must be 1 (greyscale) or 3 (RGB), got {channels}")
     _pillow()
-    names, entries, n_train = _entries(root, val_fraction, seed)
+    names, entries, sizes = _entries(root, test_fraction, seed)
     files = [p for p, _ in entries]
     labels = np.array([k for _, k in entries], dtype=np.int64)
-    options = {"size": size, "channels": channels, "val_fraction": val_fraction, "seed": seed}
+    options = {"size": size, "channels": channels, "test_fraction": test_fraction, "seed": seed}
     cache = cache_root(cache_dir) / "folders" / f"{root.resolve().name}-{_cache_key(root, files, options)}"
     workers = workers or min(8, os.cpu_count() or 1)
     images, ok, _ = _decode_cached(root, files, size, channels, workers, cache)
@@ -262,13 +277,14 @@ def load_folder(
         x = images[lo:hi] if keep.all() else images[lo:hi][keep]  # a slice stays memory-mapped
         return Split(torch.from_numpy(x), torch.from_numpy(labels[lo:hi][keep]))
 
-    train, test = part(0, n_train), part(n_train, len(files))
-    for split_name, split in (("train", train), ("test", test)):
-        counts = np.bincount(split.labels.numpy(), minlength=len(names))
-        if split_name == "train" and (counts == 0).any():
-            missing = names[int(np.flatnonzero(counts == 0)[0])]
-            raise DatasetError(f"{root}: class {missing!r} has no readable training image")
-    return finish(
+    bounds = np.cumsum([0, *sizes])
+    train, test, *val = (part(int(lo), int(hi)) for lo, hi in itertools.pairwise(bounds))
+    counts = np.bincount(train.labels.numpy(), minlength=len(names))
+    if (counts == 0).any():
+        missing = names[int(np.flatnonzero(counts == 0)[0])]
+        raise DatasetError(f"{root}: class {missing!r} has no readable training image")
+    data = finish(
         name=name or root.resolve().name, source=source or str(root), train=train, test=test,
         n_classes=len(names), class_names=tuple(names), where=str(root),
     )  # fmt: skip
+    return dataclasses.replace(data, val=val[0]) if val else data

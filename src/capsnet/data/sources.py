@@ -68,7 +68,7 @@ def complete(name: str, where: Path) -> bool:
 
 def load(path: Path, fmt: str, *, name: str, source: str, **options: Any) -> Dataset:
     """Read `path` with the reader of `fmt`. `options` go to the readers that take them: image folders
-    (image_size, channels, val_fraction, seed, strict, cache_dir, workers), SVHN (extra), smallNORB (size). A known
+    (image_size, channels, test_fraction, seed, strict, cache_dir, workers), SVHN (extra), smallNORB (size). A known
     set's own description (download.DATASETS: `digits`, `class_names`) replaces what its format implies."""
     known = {k: v for k, v in DATASETS.get(name, {}).items() if k in ("digits", "class_names")}
     return dataclasses.replace(_read(path, fmt, name=name, source=source, **options), kind=fmt, **known)
@@ -88,7 +88,7 @@ def _read(path: Path, fmt: str, *, name: str, source: str, **options: Any) -> Da
     if fmt == "smallnorb":
         return smallnorb.load_smallnorb(path, size=options.get("size") or smallnorb.SIZE, name=name, source=source)
     if fmt == "folder":
-        keys = ("image_size", "channels", "val_fraction", "seed", "strict", "cache_dir", "workers")
+        keys = ("image_size", "channels", "test_fraction", "val_fraction", "seed", "strict", "cache_dir", "workers")
         kwargs = {k: options[k] for k in keys if options.get(k) is not None}
         return folder.load_folder(path, name=name, source=source, **kwargs)
     raise DatasetError(f"{path}: unknown format {fmt!r}; known: {', '.join(FORMATS)}")

@@ -163,9 +163,19 @@ class ExpandedMNISTTask(ClassificationTask):
 
     name = "expanded-mnist"
 
-    def __init__(self, *, train: Split, test: Split, n_classes: int = 10, canvas: int = CANVAS, seed: int = 0):
+    def __init__(
+        self,
+        *,
+        train: Split,
+        test: Split,
+        val: Split | None = None,
+        n_classes: int = 10,
+        canvas: int = CANVAS,
+        seed: int = 0,
+    ):
         expanded = expanded_test_set(test, canvas=canvas, seed=seed)
-        super().__init__(train=train, test=expanded, n_classes=n_classes, shift=0)
+        expanded_val = expanded_test_set(val, canvas=canvas, seed=seed + 1) if val is not None else None
+        super().__init__(train=train, test=expanded, val=expanded_val, n_classes=n_classes, shift=0)
         self.canvas, self.image_size = canvas, canvas
 
     def augment(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -168,6 +168,7 @@ class MultiMNISTTask(Task):
         *,
         train: Split,
         test: Split,
+        val: Split | None = None,
         n_classes: int = 10,
         pairs_per_digit: int = 1000,
         test_pairs_per_digit: int = 1,
@@ -182,14 +183,18 @@ class MultiMNISTTask(Task):
             raise ConfigError(f"need max_shift >= 0 and a canvas of at least {train.images.shape[-1]} px")
         if combine not in ("max", "sum"):
             raise ConfigError(f"combine must be 'max' or 'sum', got {combine!r}")
-        self.train, self.test = train, test
+        self.train, self.test, self.val = train, test, val
         self.in_channels, self.image_size, self.n_classes = train.images.shape[1], canvas, n_classes
         self.pairs_per_digit, self.max_shift, self.combine = pairs_per_digit, max_shift, combine
         self._sampler = PairSampler(train.labels, n_classes)
         self._on: dict[str, tuple[torch.Tensor, torch.Tensor, PairSampler]] = {}
-        self.test_pairs = make_test_pairs(
-            test, n_classes, pairs_per_digit=test_pairs_per_digit, max_shift=max_shift, seed=seed
-        )
+        pairs = {"pairs_per_digit": test_pairs_per_digit, "max_shift": max_shift}
+        self.test_pairs = make_test_pairs(test, n_classes, seed=seed, **pairs)
+        self.val_pairs = make_test_pairs(val, n_classes, seed=seed + 1, **pairs) if val is not None else None
+
+    @property
+    def has_val(self) -> bool:
+        return self.val is not None
 
     def _device_copy(self, device: torch.device):
         key = str(device)
@@ -235,9 +240,13 @@ class MultiMNISTTask(Task):
         loss = pair_loss(model, out, batch.targets, recon_b, batch.extras["image_a"], batch.extras["image_b"])
         return loss, two_longest_correct(out.lengths.detach(), batch.targets).sum()
 
-    def evaluate(self, model, *, batch_size, device, dist) -> dict:
-        images, labels = self.test.images.to(device), self.test.labels.to(device)
-        ia, ib, shifts = (t[dist.rank :: dist.world_size].to(device) for t in self.test_pairs)
+    def evaluate(self, model, *, split="test", batch_size, device, dist) -> dict:
+        """Loss and two-longest accuracy on the fixed pairs of the "val" or "test" digits."""
+        digits, fixed = (self.val, self.val_pairs) if split == "val" else (self.test, self.test_pairs)
+        if digits is None or fixed is None or split not in ("val", "test"):
+            raise ConfigError(f"this MultiMNIST task has no {split!r} split")
+        images, labels = digits.images.to(device), digits.labels.to(device)
+        ia, ib, shifts = (t[dist.rank :: dist.world_size].to(device) for t in fixed)
 
         def batches():
             for s in range(0, len(ia), batch_size):

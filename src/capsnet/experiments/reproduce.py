@@ -28,7 +28,7 @@ from ..models.capsnet import CapsNetConfig
 from ..models.pretrained import load_pretrained
 from ..training.evaluate import check_split, evaluate
 from ..training.loop import TrainConfig, resolve_device, train
-from ..training.tasks import Task, subset
+from ..training.tasks import Task, subset, validation_split
 from .affnist import ExpandedMNISTTask, affine_test_set, load_affnist
 from .multimnist import MultiMNISTTask
 
@@ -60,6 +60,7 @@ class Setting:
     test_subset: int | None = None
     pairs_per_digit: int = 1000  # MultiMNIST (§6)
     test_pairs_per_digit: int = 1
+    val_fraction: float = 0.1  # held out of the training digits; best/ is chosen on it, the test split read once
     capsnet: dict[str, Any] = field(default_factory=dict)  # CapsNetConfig options (paper's model when empty)
     baseline: dict[str, Any] = field(default_factory=dict)  # BaselineConfig options
     note: str = "full setting"
@@ -124,19 +125,22 @@ def run_experiment(
     if data.train is None:
         raise DatasetError(f"{data.source}: holds only a test split; training needs the train-* files too")
     train_split, test_split = subset(data.train, setting.train_subset), subset(data.test, setting.test_subset)
+    split_config = TrainConfig(val_fraction=setting.val_fraction)
+    train_split, val_split, _ = validation_split(train_split, data.val, split_config)
     task: Task | None = None
     affnist_test, affnist_what = None, None
     if experiment == "multimnist":
         task = MultiMNISTTask(
             train=train_split,
             test=test_split,
+            val=val_split,
             n_classes=data.n_classes,
             pairs_per_digit=setting.pairs_per_digit,
             test_pairs_per_digit=setting.test_pairs_per_digit,
             seed=seed,
         )
     elif experiment == "affnist":
-        task = ExpandedMNISTTask(train=train_split, test=test_split, n_classes=data.n_classes, seed=seed)
+        task = ExpandedMNISTTask(train=train_split, test=test_split, val=val_split, n_classes=data.n_classes, seed=seed)
         if affnist is not None:
             affnist_test, affnist_what = subset(load_affnist(affnist), setting.test_subset), f"affNIST ({affnist})"
         else:
@@ -151,6 +155,7 @@ def run_experiment(
             epochs=setting.epochs,
             batch_size=setting.batch_size,
             lr=setting.lr,
+            val_fraction=setting.val_fraction,
             seed=seed,
             device=device,
             out=str(root / model),
@@ -163,14 +168,16 @@ def run_experiment(
         result = train(config, model_config, task=task)
         if result.interrupted:
             raise KeyboardInterrupt
-        final = result.history[-1]
-        runs[model] = {"run_dir": str(result.run_dir), "epochs": result.epochs_done, "history": result.history}
+        assert result.test is not None  # a finished run has scored its test split
+        chosen = result.test.get("best", result.test["last"])  # the checkpoint chosen on validation
+        runs[model] = {"run_dir": str(result.run_dir), "epochs": result.epochs_done, "history": result.history,
+                       "test": result.test}  # fmt: skip
         metric = next(m for m, who in PAPER[experiment] if who == model)
-        ours = 100 * final["test_acc"] if "accuracy" in metric else 100 * (1 - final["test_acc"])
+        ours = 100 * chosen["accuracy"] if "accuracy" in metric else 100 * (1 - chosen["accuracy"])
         rows.append(_row(experiment, metric, model, ours))
         if affnist_test is not None:
             dev = resolve_device(config.device)
-            trained = load_pretrained(Path(result.run_dir) / "last", map_location=dev)
+            trained = load_pretrained(Path(result.run_dir) / "best", map_location=dev)
             check_split(trained, affnist_test, source=affnist_what or "affNIST")
             acc = evaluate(trained, affnist_test, batch_size=config.eval_batch_size, device=dev)["accuracy"]
             rows.append(_row(experiment, "affNIST test accuracy (%)", model, 100 * acc, note=affnist_what))

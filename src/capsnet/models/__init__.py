@@ -1,4 +1,5 @@
-"""Published models, one module each, with `save_pretrained` / `from_pretrained` and the registry the CLI lists.
+"""Published models, one module each, with `save_pretrained` / `from_pretrained`, the one registry of their names,
+`create_model`, the weights shipped in the package (`hub`) and export to ONNX / torch.export (`export`).
 
 May import: capsnet.nn, capsnet.routing and the foundation modules; never data, training or above.
 """
@@ -6,8 +7,9 @@ May import: capsnet.nn, capsnet.routing and the foundation modules; never data, 
 from .baseline import BaselineCNN, BaselineConfig
 from .capsnet import CapsNet, CapsNetConfig, CapsNetOutput
 from .em_capsnet import EMCapsNet, EMCapsNetConfig, EMCapsNetOutput
+from .factory import create_model
 from .pretrained import Pretrained, load_pretrained
-from .registry import MODELS, model_class
+from .registry import MODELS, list_models, model_class, register_model
 
 __all__ = [
     "MODELS",
@@ -20,6 +22,9 @@ __all__ = [
     "EMCapsNetConfig",
     "EMCapsNetOutput",
     "Pretrained",
+    "create_model",
+    "list_models",
     "load_pretrained",
     "model_class",
+    "register_model",
 ]

@@ -35,6 +35,11 @@ class RecordedData:
             raise ConfigError(f"{len(self.class_names)} class_names for n_classes {n_classes}")
 
 
+# The config fields that come from the training data rather than from the user: the input's shape and classes,
+# and RecordedData's. Training fills them in from the data set; a pretrained model keeps the ones it was saved with.
+DATA_FIELDS = ("in_channels", "image_size", "n_classes", "standardize", "class_names", "digits", "source_size")
+
+
 def image_hw(size: int | tuple[int, ...] | list[int]) -> tuple[int, int]:
     """A config's `image_size` as (height, width): an int is a square side, a pair is [height, width]."""
     if isinstance(size, int):

@@ -1,13 +1,16 @@
 """`save_pretrained` / `from_pretrained`: `config.json` + `model.safetensors`, strict, no pickle anywhere.
 
 A model class mixes in :class:`Pretrained`, names its config dataclass in `config_class`, a `model_type`
-string, and takes `config=` in its constructor.
+string, and takes `config=` in its constructor. `load_pretrained` loads any registered model
+(:mod:`capsnet.models.registry`) by the `model_type` its config.json records.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
@@ -19,17 +22,21 @@ from .._version import __version__
 from ..config import from_dict, to_dict
 from ..errors import CheckpointError, ConfigError
 from ..fileio import atomic_write_bytes, atomic_write_json
+from .inputs import DATA_FIELDS
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 M = TypeVar("M", bound="Pretrained")
 
-_REGISTRY: dict[str, type[Pretrained]] = {}
-
 if TYPE_CHECKING:  # for the type checker, a Pretrained is the nn.Module it is always mixed into
     from torch.nn import Module as _ModuleBase
 else:
     _ModuleBase = object
+
+
+class StateDictError(CheckpointError, RuntimeError):
+    """Weights that do not fit the model: a CheckpointError (one line from the CLI), and the RuntimeError that
+    `nn.Module.load_state_dict` raises."""
 
 
 class Pretrained(_ModuleBase):
@@ -41,11 +48,6 @@ class Pretrained(_ModuleBase):
     saved_defaults: ClassVar[dict[str, Any]] = {}
     config: Any
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "model_type" in cls.__dict__:
-            _REGISTRY[cls.model_type] = cls
-
     @classmethod
     def make_config(cls, config: Any = None, options: dict[str, Any] | None = None) -> Any:
         """The model's config: `config` as given, or `config_class(**options)`; both at once is a TypeError."""
@@ -53,32 +55,114 @@ class Pretrained(_ModuleBase):
             raise TypeError("pass either config= or keyword options, not both")
         return config if config is not None else cls.config_class(**(options or {}))
 
-    def save_pretrained(self, directory: str | os.PathLike) -> Path:
-        """Write `config.json` and `model.safetensors` into `directory`, each atomically."""
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
+        """`nn.Module.load_state_dict`, but weights that do not fit raise :class:`StateDictError` in one line."""
+        try:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        except StateDictError:
+            raise
+        except RuntimeError as e:
+            raise StateDictError(f"weights do not fit this {type(self).__name__}: {_first_problems(str(e))}") from None
+
+    def save_pretrained(self, directory: str | os.PathLike, *, metadata: dict[str, Any] | None = None) -> Path:
+        """Write `config.json` and `model.safetensors` into `directory`, each atomically. `metadata` (JSON-ready)
+        is kept in config.json under "checkpoint" (a training run records there which epoch the folder holds)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         atomic_write_bytes(directory / WEIGHTS_NAME, save(state, metadata={"format": "pt"}))
         meta = {"model_type": self.model_type, "capsnet_version": __version__, "config": to_dict(self.config)}
+        if metadata is not None:
+            meta["checkpoint"] = metadata
         atomic_write_json(directory / CONFIG_NAME, meta)
         return directory
 
     @classmethod
-    def from_pretrained(cls: type[M], directory: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> M:
-        """Load a folder written by `save_pretrained`: strict state-dict match, returned in `.eval()` mode."""
-        model_type, config = _read_config(Path(directory))
-        target = cls if model_type == getattr(cls, "model_type", None) else _REGISTRY.get(model_type)
-        if target is None or (cls is not Pretrained and not issubclass(target, cls)):
+    def from_pretrained(
+        cls: type[M], directory: str | os.PathLike, *, map_location: str | torch.device = "cpu", **overrides: Any
+    ) -> M:
+        """Load a folder written by `save_pretrained` (or "NAME:TAG", shipped weights): strict state-dict match,
+        returned in `.eval()` mode.
+
+        `overrides` change config fields that leave the weights' shapes alone (e.g. `routing_iterations`); one that
+        changes the architecture, or a field recorded from the training data (DATA_FIELDS), is a ConfigError."""
+        directory = _folder(directory)
+        model_type, saved = _read_config(directory)
+        target = cls if model_type == getattr(cls, "model_type", None) else _registered(model_type, directory)
+        if cls is not Pretrained and not issubclass(target, cls):
             raise CheckpointError(f"{directory}: holds a {model_type!r} model, not a {cls.__name__}")
-        config = {**target.saved_defaults, **config}
-        model = target(config=from_dict(target.config_class, config, what=f"{directory}/{CONFIG_NAME}"))
-        _load_weights(model, Path(directory) / WEIGHTS_NAME)
+        saved = {**target.saved_defaults, **saved}
+        config: Any = from_dict(target.config_class, saved, what=f"{directory}/{CONFIG_NAME}")
+        if overrides:
+            config = _override(target, config, overrides)
+        model = target(config=config)
+        path = directory / WEIGHTS_NAME
+        problems = _load_problems(model, _read_weights(path))
+        if problems and overrides:
+            given = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
+            raise ConfigError(f"{given} changes the architecture of the weights in {directory} ({problems})")
+        if problems:
+            raise StateDictError(f"{path}: weights do not match {CONFIG_NAME} ({problems})")
         return cast(M, model.to(map_location).eval())  # `target` is `cls` or a subclass of it
 
 
-def load_pretrained(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> Any:
-    """Load any capsnet model (CapsNet, BaselineCNN, ...) from its `save_pretrained` folder."""
-    return Pretrained.from_pretrained.__func__(Pretrained, directory, map_location=map_location)  # type: ignore[attr-defined]
+def load_pretrained(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu", **overrides: Any) -> Any:
+    """Load any registered model (CapsNet, BaselineCNN, ...) from its `save_pretrained` folder, or shipped weights
+    by "NAME:TAG" (e.g. "capsnet:fashion-mnist"); `overrides` as :meth:`Pretrained.from_pretrained`."""
+    load = Pretrained.from_pretrained.__func__  # type: ignore[attr-defined]
+    return load(Pretrained, directory, map_location=map_location, **overrides)
+
+
+def _folder(directory: str | os.PathLike) -> Path:
+    from .hub import is_ref, resolve_ref
+
+    if isinstance(directory, str) and is_ref(directory):
+        return resolve_ref(directory)
+    return Path(directory)
+
+
+def _registered(model_type: str, directory: Path) -> type[Pretrained]:
+    """The registered model class of `model_type` (a name or an alias); CheckpointError naming the known ones."""
+    from .registry import MODELS
+
+    if model_type not in MODELS:
+        known = sorted([*MODELS, *(a for name in MODELS for a in MODELS.aliases(name))])
+        raise CheckpointError(f"{directory}/{CONFIG_NAME}: unknown model_type {model_type!r}; known: {known}")
+    return MODELS[model_type]
+
+
+def _override(target: type[Pretrained], config: Any, overrides: dict[str, Any]) -> Any:
+    """`config` with `overrides`, keeping the fields recorded from the training data: ConfigError for an unknown
+    option or a changed data field."""
+    fields = [f.name for f in dataclasses.fields(config) if f.init]
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise ConfigError(f"{target.__name__}: unknown option(s) {', '.join(unknown)}; known: {', '.join(fields)}")
+    saved = to_dict(config)
+    for key in overrides:
+        if key in DATA_FIELDS and json.loads(json.dumps(overrides[key])) != saved[key]:  # (tuples as lists)
+            raise ConfigError(
+                f"{key}={overrides[key]!r}: the pretrained weights record {key}={getattr(config, key)!r} from their "
+                "training data; it cannot be overridden"
+            )
+    return from_dict(target.config_class, {**saved, **overrides}, what=f"{target.__name__} options")
+
+
+def _load_problems(model: Any, state: dict[str, torch.Tensor]) -> str | None:
+    """Load `state` into `model` strictly; None if it fits, else its problems in one line."""
+    try:
+        torch.nn.Module.load_state_dict(model, state, strict=True)
+    except RuntimeError as e:
+        return _first_problems(str(e))
+    return None
+
+
+def _first_problems(message: str, keep: int = 2) -> str:
+    """nn.Module.load_state_dict's multi-line message as one line: its first `keep` problems and how many more."""
+    lines = [line.strip() for line in message.strip().splitlines()]
+    problems = [line.rstrip(".") for line in lines[1:] if line] or lines[:1]
+    more = f" (and {len(problems) - keep} more)" if len(problems) > keep else ""
+    return "; ".join(problems[:keep]) + more
 
 
 def _read_config(directory: Path) -> tuple[str, dict[str, Any]]:
@@ -92,24 +176,18 @@ def _read_config(directory: Path) -> tuple[str, dict[str, Any]]:
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict) or "model_type" not in meta:
-        raise CheckpointError(f"{path}: expected keys 'model_type' and 'config'")
-    if meta["model_type"] not in _REGISTRY:
-        raise CheckpointError(f"{path}: unknown model_type {meta['model_type']!r}; known: {sorted(_REGISTRY)}")
+        hint = "; a training run folder? give its best/ or last/" if isinstance(meta, dict) and "train" in meta else ""
+        raise CheckpointError(f"{path}: expected keys 'model_type' and 'config'{hint}")
     return meta["model_type"], meta["config"]
 
 
-def _load_weights(model: torch.nn.Module, path: Path) -> None:
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise CheckpointError(f"{path}: missing")
     try:
-        state = load_file(str(path))  # safetensors: raw tensors and a JSON header, never pickle
+        return load_file(str(path))  # safetensors: raw tensors and a JSON header, never pickle
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: not a valid safetensors file ({e})") from None
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        first = str(e).strip().splitlines()
-        raise CheckpointError(f"{path}: weights do not match config.json ({' '.join(first[:3])})") from None
 
 
-__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "ConfigError", "Pretrained", "load_pretrained"]
+__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "ConfigError", "Pretrained", "StateDictError", "load_pretrained"]

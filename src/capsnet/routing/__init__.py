@@ -2,11 +2,14 @@
 
 Every fully connected routing layer follows :class:`capsnet.routing.base.RoutingLayer`: `layer(u, a=None, *,
 return_weights=False)` maps u [B, n_in, d_in] to [B, n_out, d_out], or to a :class:`RoutingOutput` (capsules,
-weights, activations). :data:`ROUTINGS` names them for `CapsNetConfig.routing` / `--routing`.
+weights, activations). :data:`ROUTINGS` names them for `CapsNetConfig.routing` / `--routing`. Where a layer has a
+C++ CPU kernel, :func:`set_backend` ("auto", "cpp" or "torch"; :mod:`capsnet.routing.backend`) chooses whether it
+runs, globally, per model or per layer (`layer.backend`).
 
 May import: capsnet.nn and the foundation modules (errors, fileio, config); never models, data or above.
 """
 
+from .backend import BACKENDS, get_backend, set_backend, use_backend
 from .base import RoutingLayer, RoutingOutput, weight_spread
 from .dynamic import Router, RoutingResult, default_weight_std, dynamic_routing, route_votes
 from .dynamic_fast import fast_dynamic_routing
@@ -29,6 +32,7 @@ ROUTINGS: dict[str, tuple[str, str]] = {
 }  # fmt: skip
 
 __all__ = [
+    "BACKENDS",
     "ROUTINGS",
     "ClassCaps",
     "ConvCaps",
@@ -48,7 +52,10 @@ __all__ = [
     "dynamic_routing",
     "em_routing",
     "fast_dynamic_routing",
+    "get_backend",
     "route_votes",
     "self_attention_routing",
+    "set_backend",
+    "use_backend",
     "weight_spread",
 ]

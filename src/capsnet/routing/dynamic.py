@@ -19,6 +19,7 @@ from torch import nn
 
 from ..nn.squash import squash
 from . import dynamic_cpu as routing_cpu
+from .backend import KernelLayer
 from .base import RoutingOutput
 from .dynamic_fast import fast_dynamic_routing
 
@@ -41,7 +42,7 @@ def default_weight_std(in_caps: int) -> float:
     return 1.0 / math.sqrt(in_caps)
 
 
-class Router(nn.Module):
+class Router(KernelLayer, nn.Module):
     """Dynamic routing between capsules (Procedure 1 of the paper), as a drop-in layer.
 
     Args:
@@ -61,7 +62,8 @@ class Router(nn.Module):
             :mod:`capsnet.routing.dynamic_cpu` (built at first use; ``CAPSNET_NO_EXT=1`` disables it), elsewhere,
             or if it cannot be built, :func:`capsnet.routing.fast_dynamic_routing` (large-K GEMMs). All compute the same
             function; the fast ones support a single backward pass only, so set ``router.fast = False`` for double
-            backward (e.g. gradient penalties).
+            backward (e.g. gradient penalties). `router.backend` ("auto", "cpp", "torch"; None: the global choice
+            of :func:`capsnet.routing.set_backend`) decides between the C++ kernel and the GEMM path.
 
     `weight` has the layout of labml's reference code (in_caps, out_caps, in_d, out_d), so its state dicts load
     unchanged.
@@ -135,7 +137,7 @@ class Router(nn.Module):
         # a bias with detach_votes: that takes the reference path, which materializes the votes [B, in, out, out_d]).
         plain = not self.leaky and self.bias is None
         fast = self.fast and not (self.bias is not None and self.detach_votes)
-        if fast and plain and routing_cpu.applicable(u, self.weight):
+        if fast and plain and routing_cpu.applicable(u, self.weight, self.backend):
             v, c = routing_cpu.cpu_dynamic_routing(u, self.weight, self.iterations, detach_votes=self.detach_votes)
         elif fast:
             v, c = fast_dynamic_routing(

@@ -9,8 +9,10 @@ name that carries a hash of the CPU model and of the whole text (:func:`extensio
 to the header gets a fresh build, never a stale one, and a cache shared between machines cannot hand one CPU code
 built for another.
 
-:class:`LazyExtension` builds a kernel once per process (thread-safe); if it cannot be built, its `load` returns
-None after one warning, and the layers use their PyTorch computation. ``CAPSNET_NO_EXT=1`` disables the kernels.
+:class:`LazyExtension` builds a kernel once per process (thread-safe), with one notice line on stderr when it
+compiles, and leaves os.environ as it found it; if it cannot be built, its `load` returns None after one warning,
+and the layers use their PyTorch computation. Whether a layer uses its kernel is the routing backend's choice
+(:mod:`capsnet.routing.backend`: "auto", "cpp" or "torch"); ``CAPSNET_NO_EXT=1`` disables the kernels.
 A kernel's module (e.g. :mod:`capsnet.routing.dynamic_cpu`) exposes `load`, `available` and `applicable` from it.
 """
 
@@ -21,27 +23,56 @@ import os
 import platform
 import re
 import shutil
+import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from .backend import BACKENDS
+from .backend import resolve as resolve_backend
+
 CSRC = Path(__file__).with_name("csrc")
 _LOCAL_INCLUDE = re.compile(r'^#include "([\w.]+)"[^\n]*$', re.MULTILINE)
 
 
-def _ensure_ninja_on_path() -> None:
-    """torch's cpp_extension runs `ninja` from PATH; the `ninja` pip package may sit in an inactive venv."""
-    if shutil.which("ninja"):
-        return
+@contextmanager
+def build_environment() -> Iterator[None]:
+    """The environment a build runs in: `ninja` on PATH (torch's cpp_extension runs it from there, and the `ninja`
+    pip package may sit in an inactive venv). Every change to os.environ made inside is undone afterwards."""
+    saved = dict(os.environ)
     try:
-        import ninja  # the PyPI package ships the binary in ninja.BIN_DIR
-    except ImportError:
-        return
-    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        if not shutil.which("ninja"):
+            try:
+                import ninja  # the PyPI package ships the binary in ninja.BIN_DIR
+            except ImportError:
+                pass
+            else:
+                os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        yield
+    finally:
+        for key in [k for k in os.environ if k not in saved]:
+            del os.environ[key]
+        for key, value in saved.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+
+
+def is_built(name: str) -> bool:
+    """Whether torch's extension cache already holds the compiled extension `name` (so loading it is quick).
+    Makes the extension's (empty) folder in the cache when it is missing."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        folder = Path(_get_build_directory(name, verbose=False))
+    except Exception:  # a torch without this helper: assume a build
+        return False
+    return any(p.suffix in (".so", ".pyd") for p in folder.glob(f"{name}.*"))
 
 
 def _cpu_model() -> str:
@@ -70,29 +101,32 @@ def extension_name(prefix: str, source: str, cpu: str | None) -> str:
     return f"{prefix}_{key}" if cpu is not None else f"{prefix}_generic_{key}"
 
 
-def build_extension(source_path: Path, prefix: str, verbose: bool = False) -> ModuleType:
+def build_extension(source_path: Path, prefix: str, verbose: bool = False, *, notice: str | None = None) -> ModuleType:
     """Compile the C++ file `source_path` (headers spliced in) with -march=native, else without; the extension is
-    named by :func:`extension_name`. Raises RuntimeError if neither builds."""
+    named by :func:`extension_name`. `notice` is printed on stderr (one line) unless the build is cached. Raises
+    RuntimeError if neither builds. os.environ is left as it was (:func:`build_environment`)."""
     from torch.utils.cpp_extension import load_inline
 
-    _ensure_ninja_on_path()
     source = extension_source(source_path)
     errors = []
     variants = (
         (extension_name(prefix, source, _cpu_model()), ["-O3", "-march=native", "-mprefer-vector-width=512"]),
         (extension_name(prefix, source, None), ["-O3"]),
     )
-    for name, flags in variants:
-        try:
-            return load_inline(
-                name=name,
-                cpp_sources=[source],
-                extra_cflags=[*flags, "-fopenmp", "-std=c++17"],
-                extra_ldflags=["-fopenmp"],
-                verbose=verbose,
-            )
-        except Exception as e:  # compiler/flag/ninja problems: try the next flags, then give up
-            errors.append(f"{name}: {type(e).__name__}: {e}")
+    if notice and not is_built(variants[0][0]):  # (the first variant's folder is made by its build anyway)
+        print(notice, file=sys.stderr, flush=True)
+    with build_environment():
+        for name, flags in variants:
+            try:
+                return load_inline(
+                    name=name,
+                    cpp_sources=[source],
+                    extra_cflags=[*flags, "-fopenmp", "-std=c++17"],
+                    extra_ldflags=["-fopenmp"],
+                    verbose=verbose,
+                )
+            except Exception as e:  # compiler/flag/ninja problems: try the next flags, then give up
+                errors.append(f"{name}: {type(e).__name__}: {e}")
     raise RuntimeError("; ".join(errors))
 
 
@@ -117,8 +151,12 @@ class LazyExtension:
         if not self._tried:
             with self._lock:
                 if not self._tried:
+                    notice = (
+                        f"capsnet: compiling {self.what} (first use only, 30-60 s, then cached; "
+                        "capsnet.routing.set_backend('torch') or CAPSNET_NO_EXT=1 skips it)"
+                    )
                     try:
-                        self._module = build_extension(self.source_path, self.prefix, verbose)
+                        self._module = build_extension(self.source_path, self.prefix, verbose, notice=notice)
                     except Exception as e:
                         self._error = f"{type(e).__name__}: {e}"
                         if not raise_errors:
@@ -140,15 +178,31 @@ class LazyExtension:
             raise RuntimeError(f"capsnet: {self.what} is disabled (CAPSNET_NO_EXT)")
         return module
 
-    def checks(self) -> tuple[Callable[[], bool], Callable[[torch.Tensor, torch.Tensor], bool]]:
-        """The kernel module's `available()`, whether the kernel can be used (builds it on the first call), and
-        `applicable(u, weight)`, whether it handles these inputs (CPU tensors, and the kernel builds)."""
+    def usable(self, backend: str | None = None) -> bool:
+        """Whether a layer whose `backend` is `backend` (None: the global choice, :mod:`capsnet.routing.backend`) runs
+        this kernel on CPU tensors: never under "torch"; under "auto" if it builds (built on the first call); under
+        "cpp" always, and a kernel that does not build raises."""
+        choice = resolve_backend(backend)
+        if choice == "torch":
+            return False
+        if choice == "cpp":
+            self.kernel()
+            return True
+        return self.load() is not None
 
-        @torch.compiler.assume_constant_result
-        def available() -> bool:  # torch.compile takes the answer as a constant: the lock and build stay untraced
-            return self.load() is not None
+    def checks(
+        self,
+    ) -> tuple[Callable[[], bool], Callable[[torch.Tensor, torch.Tensor, str | None], bool]]:  # fmt: skip
+        """The kernel module's `available()`, whether the kernel is used under the global backend choice (builds it
+        on the first call), and `applicable(u, weight, backend=None)`, whether it handles these inputs: CPU tensors,
+        and a layer backend (None: the global one) under which the kernel is used."""
+        # torch.compile takes each answer as a constant: the lock and the build stay untraced
+        available = torch.compiler.assume_constant_result(lambda: self.usable(None))
+        per_layer = {name: torch.compiler.assume_constant_result(partial(self.usable, name)) for name in BACKENDS}
 
-        def applicable(u: torch.Tensor, weight: torch.Tensor) -> bool:
-            return u.device.type == "cpu" and weight.device.type == "cpu" and available()
+        def applicable(u: torch.Tensor, weight: torch.Tensor, backend: str | None = None) -> bool:
+            if u.device.type != "cpu" or weight.device.type != "cpu":
+                return False
+            return available() if backend is None else per_layer[backend]()
 
         return available, applicable

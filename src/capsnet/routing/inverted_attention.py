@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import inverted_attention_cpu as ia_cpu
+from .backend import KernelLayer
 from .base import RoutingOutput, check_capsules, check_sizes, matrix_votes, matrix_weight_shape, votes
 
 
@@ -53,9 +54,10 @@ def inverted_attention_step(
     return norm(p), r  # Eq. 4: LayerNorm
 
 
-class _InvertedAttention(nn.Module):
+class _InvertedAttention(KernelLayer, nn.Module):
     """Shared parts: the weights, the LayerNorm of Eq. 4, the number of sequential iterations, and the choice of
-    the fused CPU kernel (`fast`, default True; False: the PyTorch reference, which also allows double backward)."""
+    the fused CPU kernel (`fast`, default True; False: the PyTorch reference, which also allows double backward;
+    `backend`: see :mod:`capsnet.routing.backend`)."""
 
     matrix_pose: bool
     scale: float
@@ -78,7 +80,7 @@ class _InvertedAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """`steps` passes of Procedure 1 on children u [N, n_in, d_in] from the parents' poses [N, n_out, d_out]
         (None: p_j = 0). Returns the last poses [N, n_out, d_out] and routing coefficients r [N, n_in, n_out]."""
-        if self.fast and ia_cpu.applicable(u, self.weight):
+        if self.fast and ia_cpu.applicable(u, self.weight, self.backend):
             return ia_cpu.cpu_inverted_attention(
                 u, self.weight, self.norm, parent, steps, scale=self.scale, matrix_pose=self.matrix_pose
             )

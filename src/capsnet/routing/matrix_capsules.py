@@ -7,6 +7,8 @@ a [B, H, W, T] in (0, 1).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -71,6 +73,8 @@ class ConvCaps(_CentredActivations):
     """A convolutional capsule layer (§3, ConvCaps1/2): each parent at each output position is routed by EM from
     the K×K×T_in children in its receptive field; W_ij depends on the kernel offset, the child type and the parent
     type and is shared across positions. R_ij is normalised over every parent a child reaches, at all positions.
+    `fast` (default True): the votes are formed inside the routing a few images at a time (`em_conv`); False: all at
+    once, then `em_routing` (the same result up to rounding; a graph torch.export can trace for any batch size).
 
     Parameters: K·K·T_in·T_out·16 (W) + 2·T_out (β_u, β_a)."""
 
@@ -90,6 +94,7 @@ class ConvCaps(_CentredActivations):
         self.beta_a = nn.Parameter(torch.zeros(out_types))
         self._index_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._setup_centring(centre_activations)
+        self.fast = True
 
     def extra_repr(self) -> str:
         return (f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
@@ -122,11 +127,18 @@ class ConvCaps(_CentredActivations):
         # Unfold once: the children in each field, gathered  [B, P, I, 4, 4] and [B, P, I]
         m = poses.reshape(b, hh * ww, t, 16).index_select(1, pos).reshape(b, p, -1, 4, 4)
         a = activations.reshape(b, hh * ww, t).index_select(1, pos).reshape(b, p, -1)
-        # EM on the votes V_ij = M_i W_ij  [B, P, J, I, 16], formed inside a few images at a time (em_conv)
-        res = conv_em_routing(
-            m, self.weight, a, self.beta_u, self.beta_a, iterations=self.iterations, final_lambda=self.final_lambda,
-            child_index=child, n_children=hh * ww * t, min_var=self.min_var,
-        )  # fmt: skip
+        options: dict[str, Any] = {
+            "iterations": self.iterations,
+            "final_lambda": self.final_lambda,
+            "child_index": child,
+            "n_children": hh * ww * t,
+            "min_var": self.min_var,
+        }
+        if self.fast:  # EM on the votes V_ij = M_i W_ij  [B, P, J, I, 16], formed a few images at a time (em_conv)
+            res = conv_em_routing(m, self.weight, a, self.beta_u, self.beta_a, **options)
+        else:  # the votes of the whole batch, materialised  [B, P, J, I, 16]
+            votes = torch.einsum("bpiac,jicd->bpjiad", m, self.weight).reshape(b, p, self.out_types, -1, 16)
+            res = em_routing(votes, a, self.beta_u, self.beta_a, **options)
         return res, (out_h, out_w)
 
     def forward(self, poses: torch.Tensor, activations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

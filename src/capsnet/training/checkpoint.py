@@ -2,13 +2,20 @@
 
     RUN_DIR/config.json    {"train": TrainConfig, "model": CapsNetConfig}
     RUN_DIR/summary.csv    one row per epoch (COLUMNS)
-    RUN_DIR/last/, best/   save_pretrained folders (config.json + model.safetensors)
+    RUN_DIR/last/, best/   save_pretrained folders (config.json + model.safetensors); best/ is the epoch of the
+                           highest validation accuracy (test accuracy only without a validation split)
     RUN_DIR/state.pt       resumable state: weights, optimizer, scheduler, epoch/step, RNG states, history
                            (RNG: the CPU generator, every rank's augmentation stream, and on CUDA the device's
                            generator, e.g. for dropout)
+    RUN_DIR/test.json      the test split scored once, at the end of the run, on best/ and on last/
     RUN_DIR/tb/            TensorBoard scalars, when tensorboard is installed
 
 state.pt holds only tensors, numbers, strings, lists and dicts, so it loads with `torch.load(weights_only=True)`.
+
+The set is consistent after a kill at any moment. Each file is written atomically, and state.pt is written first:
+it is the commit point, and last/, best/ and summary.csv are views of it (last/ holds its weights; best/ does too
+when that save made a new best). A kill after state.pt leaves the views one save behind, each still a whole,
+earlier checkpoint; `--resume` rewrites them from state.pt (:func:`restore_views`) before it trains on.
 """
 
 from __future__ import annotations
@@ -26,11 +33,15 @@ import torch
 
 from ..errors import CheckpointError
 from ..fileio import atomic_open
-from ..models.pretrained import CONFIG_NAME, WEIGHTS_NAME
+from ..models.pretrained import CONFIG_NAME, WEIGHTS_NAME, Pretrained
 
 STATE_NAME = "state.pt"
 SUMMARY_NAME = "summary.csv"
-COLUMNS = ["epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "images_per_s", "seconds"]
+TEST_NAME = "test.json"
+COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr",
+           "images_per_s", "seconds"]  # fmt: skip
+# A row's val_* cells are blank without a validation split; its test_* cells are blank with one (the test split
+# is then scored only at the end, into test.json).
 
 
 def save_state(run_dir: Path, state: dict[str, Any]) -> None:
@@ -83,7 +94,7 @@ def write_summary(run_dir: Path, history: list[dict[str, float]]) -> None:
     writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
     for row in history:
-        writer.writerow({k: _fmt(row[k]) for k in COLUMNS})
+        writer.writerow({k: _fmt(row.get(k, math.nan)) for k in COLUMNS})
     with atomic_open(run_dir / SUMMARY_NAME, "w") as f:
         f.write(buf.getvalue())
 
@@ -105,7 +116,48 @@ def read_summary(run_dir: str | os.PathLike) -> list[dict[str, float]]:
 
 
 def _fmt(x: float) -> str:
+    if not math.isfinite(x):
+        return ""
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:.6g}"
+
+
+def restore_views(run_dir: Path, state: dict[str, Any], model: Pretrained, *, is_main: bool = True) -> None:
+    """Rewrite the views of `state` (a state.pt just loaded into `model`): last/ from its weights, best/ too when
+    that save made the best, summary.csv from its history."""
+    if not is_main:
+        return
+    model.save_pretrained(run_dir / "last", metadata=view_metadata(state, "last"))
+    best = state.get("best") or {}
+    if best.get("step") == state["step"] and best.get("epoch") == state["epoch"]:
+        model.save_pretrained(run_dir / "best", metadata=view_metadata(state, "best"))
+    write_summary(run_dir, list(state["history"]))
+
+
+def remove_strays(run_dir: Path) -> None:
+    """Remove the temporary files (`.NAME.*.tmp`, see capsnet.fileio.atomic_open) that a kill left in a run folder."""
+    for folder in (run_dir, run_dir / "last", run_dir / "best"):
+        for stray in folder.glob(".*.tmp") if folder.is_dir() else ():
+            stray.unlink(missing_ok=True)
+
+
+def view_metadata(state: dict[str, Any], view: str) -> dict[str, Any]:
+    """What a view's config.json records of the checkpoint: which view, epoch and step, and for best/ the metric
+    it was chosen on and its value (so `capsnet evaluate` can say what it scored)."""
+    meta: dict[str, Any] = {"view": view, "epoch": state["epoch"], "step": state["step"]}
+    if view == "best" and state.get("best"):
+        meta.update(selected_on=state["best"]["metric"], value=state["best"]["value"])
+    return meta
+
+
+def checkpoint_info(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The "checkpoint" record of a save_pretrained folder written by a training run (see :func:`view_metadata`),
+    or None for a folder without one (written by save_pretrained directly, or by a capsnet before 0.2)."""
+    try:
+        meta = json.loads((Path(folder) / CONFIG_NAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    info = meta.get("checkpoint") if isinstance(meta, dict) else None
+    return info if isinstance(info, dict) else None
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from ..errors import ConfigError
-from ..models.registry import MODELS, model_class
+from ..models.inputs import DATA_FIELDS  # model options that come from the data set rather than from flags
+from ..models.registry import MODELS
 
 
 @dataclass
@@ -39,6 +40,13 @@ class TrainConfig:
         default=None, metadata={"help": "image folders: 1 (greyscale) or 3 (RGB) (default: the most common mode)"}
     )
     val_fraction: float = field(
+        default=0.1,
+        metadata={"help": "share of the training images held out for validation (stratified, seeded by --val-seed): "
+                  "best/ is the epoch of the highest validation accuracy and the test split is scored once, at the "
+                  "end; 0 chooses best/ on the test set (the figure is then a maximum over epochs)"},
+    )  # fmt: skip
+    val_seed: int = field(default=0, metadata={"help": "seed of the validation hold-out (the same for every --seed)"})
+    test_fraction: float = field(
         default=0.1, metadata={"help": "one image folder of classes: the share of each class held out for testing"}
     )
     strict: bool = field(
@@ -75,12 +83,16 @@ class TrainConfig:
     model: str = field(default="capsnet", metadata={"help": f"the network: {', '.join(MODELS)}"})
 
     def __post_init__(self) -> None:
-        model_class(self.model)  # a ConfigError naming the known models
+        self.model = MODELS.canonical(self.model)  # an alias (e.g. baseline-cnn) names its model; else ConfigError
         for name in ("epochs", "batch_size", "eval_batch_size", "train_subset", "test_subset"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.shift < 0:
             raise ConfigError(f"shift must be >= 0, got {self.shift}")
+        if not 0 <= self.val_fraction < 1:
+            raise ConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if not 0 < self.test_fraction < 1:
+            raise ConfigError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
         lr_ok = self.lr is None or self.lr > 0
         if not (lr_ok and 0 < self.lr_end <= 1 and (self.lr_decay is None or 0 < self.lr_decay <= 1)):
             raise ConfigError("need lr > 0, 0 < lr_decay <= 1 and 0 < lr_end <= 1")
@@ -104,14 +116,32 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
+    """What a run did. `best` is {"epoch", "step", "metric", "value"}: the epoch best/ holds and the figure it was
+    chosen on ("val_acc", or "test_acc" without a validation split). `test` is the run's test.json once it has
+    finished: {"selected_on", "best": {"epoch", "accuracy", "loss", "n"}, "last": {...}}; None before."""
+
     run_dir: Path
     epochs_done: int
-    best_test_acc: float
     history: list[dict[str, float]]
+    best: dict[str, Any] = field(default_factory=dict)
+    test: dict[str, Any] | None = None
     interrupted: bool = False
     signal: int | None = None  # the signal that stopped the run, if one did
     is_main: bool = True  # rank 0 (or a single process): the one that reports
 
+    @property
+    def best_test_acc(self) -> float | None:
+        """The test accuracy of best/ (the validation-chosen checkpoint), once the run has finished."""
+        return self.test.get("best", self.test["last"])["accuracy"] if self.test else None
 
-# Model options that come from the data set rather than from flags.
-DATA_FIELDS = ("in_channels", "image_size", "n_classes", "standardize", "class_names", "digits", "source_size")
+
+def upgrade_train_dict(data: dict[str, Any]) -> dict[str, Any]:
+    """A run's recorded "train" config as today's TrainConfig keys. Runs made before validation splits recorded
+    `val_fraction` as the share of a single image folder held out for *testing* (today's `test_fraction`), and
+    chose best/ on the test set (today's `val_fraction=0`)."""
+    if "val_fraction" in data and "test_fraction" not in data:
+        data = {**data, "test_fraction": data["val_fraction"], "val_fraction": 0.0}
+    return data
+
+
+__all__ = ["DATA_FIELDS", "TrainConfig", "TrainResult"]

@@ -13,12 +13,14 @@ import torch
 from ..data.datasets import load_dataset
 from ..data.imageaug import center_crop
 from ..data.images import load_image, load_image_resized
-from ..data.split import Split, to_float
+from ..data.split import Dataset, Split, to_float
 from ..errors import DatasetError
+from ..models.hub import is_ref, read_card, resolve_ref
 from ..models.inputs import image_hw
 from ..models.pretrained import load_pretrained
 from . import distributed as dist_utils
-from .checkpoint import resolve_checkpoint
+from .checkpoint import checkpoint_info, resolve_checkpoint
+from .config import upgrade_train_dict
 from .ensemble import Ensemble
 
 
@@ -87,7 +89,7 @@ def evaluate(
 def evaluate_checkpoint(
     checkpoint: str | os.PathLike | list[str | os.PathLike],
     *,
-    dataset: str = "mnist-sample",
+    dataset: str | None = None,
     data_dir: str | None = None,
     split: str = "test",
     batch_size: int = 250,
@@ -96,34 +98,107 @@ def evaluate_checkpoint(
     """Load a run folder or save_pretrained folder and evaluate it on a data set split. Several checkpoints are
     evaluated as one :class:`capsnet.training.ensemble.Ensemble` (their capsule lengths averaged).
 
-    Image folders are converted as for training: to the size the model recorded (before its crops) and channels."""
+    The data set defaults to the one the checkpoint records (:func:`recorded_data`); `dataset` / `data_dir` choose
+    another. Image folders are converted as for training: to the size the model recorded (before its crops) and
+    channels."""
     paths = list(checkpoint) if isinstance(checkpoint, (list, tuple)) else [checkpoint]
-    models = [load_pretrained(resolve_checkpoint(c), map_location=device) for c in paths]
+    folders = [resolve_checkpoint(c) for c in paths]
+    models = [load_pretrained(f, map_location=device) for f in folders]
     model = models[0] if len(models) == 1 else Ensemble(models)
     cfg: Any = model.config
-    size = tuple(getattr(cfg, "source_size", ())) or image_hw(cfg.image_size)
-    data = load_dataset(dataset, data_dir=data_dir, image_size=size, channels=cfg.in_channels,
-                        **_run_data_options(paths[0]))  # fmt: skip
+    data = checkpoint_data(model, paths, dataset=dataset, data_dir=data_dir)
     chosen = data.test if split == "test" else data.train
     if chosen is None:
         raise DatasetError(f"{data.source}: has no {split} split")
     check_split(model, chosen, source=data.source)
     result = evaluate(model, chosen, batch_size=batch_size, device=device)
     result.update(checkpoint=str(paths[0]) if len(paths) == 1 else [str(p) for p in paths], dataset=data.name,
-                  split=split, class_names=[class_name(cfg, k) for k in range(cfg.n_classes)])  # fmt: skip
+                  split=split, class_names=[class_name(cfg, k) for k in range(cfg.n_classes)],
+                  scored=[scored(f) for f in folders])  # fmt: skip
     return result
 
 
-def _run_data_options(checkpoint) -> dict:
-    """A single image folder is split as the training run split it: its val_fraction, from the run's config.json
-    (when `checkpoint` is a run folder)."""
-    path = Path(checkpoint) / "config.json"
+def scored(folder: Path) -> dict[str, Any]:
+    """Which checkpoint `folder` is and how it was chosen, from the record its training run left in it."""
+    info = checkpoint_info(folder) or {}
+    return {"folder": str(folder), **info}
+
+
+def describe_scored(entry: dict[str, Any]) -> str:
+    """One line: the folder, its epoch, and how it was chosen (validation, or the test set for older runs)."""
+    text = entry["folder"]
+    if "epoch" in entry:
+        text += f" (epoch {entry['epoch']}"
+        if entry.get("view") == "best":
+            on = {"val_acc": "validation", "test_acc": "test"}.get(entry.get("selected_on", ""), "?")
+            text += f", chosen on {on} accuracy {entry.get('value', float('nan')):.4f}"
+            if on == "test":
+                text += ": its test figure is a maximum over epochs"
+        elif entry.get("view") == "last":
+            text += ", the run's last checkpoint"
+        text += ")"
+    elif entry["folder"].endswith("best"):
+        text += " (chosen on test accuracy by a run made before validation splits: a maximum over epochs)"
+    return text
+
+
+def checkpoint_data(
+    model: torch.nn.Module,
+    checkpoints: list[str | os.PathLike],
+    *,
+    dataset: str | None = None,
+    data_dir: str | None = None,
+) -> Dataset:
+    """The data set to score `model` (loaded from `checkpoints`) on: `dataset` and/or `data_dir` when given, else
+    what the checkpoints record (:func:`recorded_data`; they must agree), loaded with the conversion the model
+    recorded (image folders: its size before crops and its channels; a single folder's held-out share)."""
+    records = [recorded_data(c) for c in checkpoints]
+    record = records[0]
+    if dataset is None and data_dir is not None:  # the folder given, named as the run named it
+        dataset = record["dataset"] if record is not None else data_dir
+    if dataset is None:
+        if record is None:
+            raise DatasetError(
+                f"{checkpoints[0]}: records no training data (a save_pretrained folder outside its run folder); "
+                "pass --dataset"
+            )
+        if any(r != record for r in records[1:]):
+            raise DatasetError("the checkpoints were trained on different data; pass --dataset")
+        dataset, data_dir = record["dataset"], record["data_dir"]
+    cfg: Any = model.config
+    size = tuple(getattr(cfg, "source_size", ())) or image_hw(cfg.image_size)
+    fraction = record.get("test_fraction") if record else None
+    options = {"test_fraction": fraction} if fraction is not None else {}
+    return load_dataset(dataset, data_dir=data_dir, image_size=size, channels=cfg.in_channels, **options)
+
+
+def recorded_data(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
+    """The data `checkpoint` was trained on, as recorded: {"dataset", "data_dir", "test_fraction"} from the training
+    run's config.json (`checkpoint` is the run folder, or its best/ or last/), or from the card.json of shipped
+    weights; None when nothing records it."""
+    path = Path(checkpoint).expanduser()
+    if isinstance(checkpoint, str) and is_ref(checkpoint):
+        path = resolve_ref(checkpoint)
+    runs = [path, path.parent] if path.name in ("best", "last") else [path]
+    for run in runs:
+        train = _run_train_config(run / "config.json")
+        if train is not None:
+            train = upgrade_train_dict(train)  # a run made before validation splits named test_fraction otherwise
+            return {k: train.get(k) for k in ("dataset", "data_dir", "test_fraction")}
+    card = read_card(path) if path.is_dir() else None
+    if card is not None:
+        return {"dataset": card["dataset"], "data_dir": None, "test_fraction": None}
+    return None
+
+
+def _run_train_config(path: Path) -> dict | None:
+    """The "train" section of a run's config.json (with a "dataset" string), or None."""
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-        fraction = meta["train"]["val_fraction"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-    return {"val_fraction": fraction} if isinstance(fraction, (int, float)) else {}
+    except (OSError, ValueError):
+        return None
+    train = meta.get("train") if isinstance(meta, dict) else None
+    return train if isinstance(train, dict) and isinstance(train.get("dataset"), str) else None
 
 
 def fit_to_model(x: torch.Tensor, cfg) -> torch.Tensor:

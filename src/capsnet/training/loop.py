@@ -15,26 +15,30 @@ small all-reduce), so a stop takes effect within STOP_CHECK_EVERY steps; a singl
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import torch
+from safetensors.torch import load_file
 
-from ..config import from_dict, to_dict
+from ..config import from_dict
 from ..errors import ConfigError
-from ..models.pretrained import Pretrained
+from ..fileio import atomic_write_json
+from ..models.pretrained import WEIGHTS_NAME, Pretrained
 from ..models.registry import MODELS
 from . import distributed as dist_utils
-from .checkpoint import STATE_NAME, get_rng_states, load_state, save_state, set_rng_states, write_summary
+from .checkpoint import STATE_NAME, TEST_NAME, load_state, remove_strays
 from .config import DATA_FIELDS, TrainConfig, TrainResult
 from .hardware import default_batch_size, precision_note, rank_device, resolve_device
 from .memory import check_memory
 from .progress import _Logger, _StopFlag
+from .state import EpochSums, RunState, check_validation, restore, resumed_validation, save_checkpoint
 from .tasks import Batch, ClassificationTask, Task
 
 __all__ = ["DATA_FIELDS", "TrainConfig", "TrainResult", "make_adam", "resolve_device", "train"]
@@ -78,6 +82,8 @@ def train(
 
 def _train(config, model_config, device, dist, on_step, task) -> TrainResult:
     run = build(config, model_config, device, dist, task)
+    if dist.is_main:
+        remove_strays(run.dir)  # what a kill of an earlier attempt left
     state = restore(run) if config.resume else RunState(sums=EpochSums.zeros(device))
     log = _Logger(run.dir, run.config, dist.is_main)
     log.start(run, state)
@@ -94,9 +100,14 @@ def _train(config, model_config, device, dist, on_step, task) -> TrainResult:
             state.next_epoch()
             more = state.epoch < run.config.epochs
             stop = more and stop_requested(run, signals, state.stop_asked)  # asked for during the evaluation
+    test = None
+    if not stop:  # finished (or resumed after its last epoch): the test split, once
+        test = final_test(run, state)
+        log.tested(test)
     log.finish(stop, signals.signum, state.epoch, state.batch_in_epoch)
     dist_utils.barrier(dist)
-    return TrainResult(run.dir, state.epoch, state.best_acc, state.history, stop, signals.signum, dist.is_main)
+    return TrainResult(run.dir, state.epoch, state.history, dict(state.best), test, stop, signals.signum,
+                       dist.is_main)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------- build
@@ -115,7 +126,7 @@ class Run:
     scheduler: torch.optim.lr_scheduler.ExponentialLR
     augment_rng: torch.Generator  # this rank's augmentation stream, on the device
     dir: Path
-    state_dict: dict | None = None  # the state.pt being resumed from
+    state_dict: dict | None = None  # the state.pt being resumed from (on the CPU; dropped once restored)
 
 
 def build(config: TrainConfig, model_config, device: torch.device, dist, task: Task | None) -> Run:
@@ -140,9 +151,13 @@ def build(config: TrainConfig, model_config, device: torch.device, dist, task: T
     if note and dist.is_main:
         print(note, file=sys.stderr, flush=True)
 
+    saved = load_state(run_dir) if config.resume else None  # on the CPU: restore() copies what it needs
+    if saved is not None and task is None:
+        config = resumed_validation(config, saved)
     task = task if task is not None else ClassificationTask.from_config(config)
+    if saved is not None:
+        check_validation(task, saved, run_dir)
     model_class = MODELS[config.model]
-    saved = load_state(run_dir, map_location=device) if config.resume else None
     if saved is not None:  # the run's model is the one saved with it
         saved_config = {**getattr(model_class, "saved_defaults", {}), **saved["model_config"]}  # older runs' keys
         model_config = from_dict(model_class.config_class, saved_config, what=f"{run_dir}/{STATE_NAME}")
@@ -181,104 +196,6 @@ def _match_grad_strides(model: torch.nn.Module) -> None:
     for p in model.parameters():
         if p.requires_grad and 1 in p.shape and p.is_contiguous():
             p.register_hook(lambda g, p=p: g.as_strided(p.shape, p.stride()) if g.is_contiguous() else g)
-
-
-# ----------------------------------------------------------------------------------------------- state
-@dataclass
-class EpochSums:
-    """Running sums of the current epoch. loss (Σ loss·n) and correct stay float64 tensors on the device, added to
-    without a host sync; count and seconds are host numbers."""
-
-    loss: torch.Tensor
-    correct: torch.Tensor
-    count: int = 0
-    seconds: float = 0.0
-
-    @classmethod
-    def zeros(cls, device: torch.device) -> EpochSums:
-        return cls.from_list([0.0, 0.0, 0, 0.0], device)
-
-    @classmethod
-    def from_list(cls, values: list[float], device: torch.device) -> EpochSums:
-        """From a checkpoint's [loss sum, correct, count, seconds]."""
-        loss, correct, count, seconds = values
-        f64: dict[str, Any] = {"dtype": torch.float64, "device": device}
-        return cls(torch.tensor(loss, **f64), torch.tensor(correct, **f64), int(count), float(seconds))
-
-    def add(self, loss: torch.Tensor, n_correct: torch.Tensor | float, n: int) -> None:
-        self.loss += loss.detach().double() * n  # (the arithmetic of the former host-side float sums)
-        self.correct += n_correct
-        self.count += n
-
-    def to_list(self) -> list[float]:
-        """[loss sum, correct, count, seconds]: reads the device (one sync)."""
-        loss, correct = torch.stack([self.loss, self.correct]).tolist()
-        return [loss, correct, float(self.count), self.seconds]
-
-
-@dataclass
-class RunState:
-    """Where the run is: what a checkpoint saves and a resume restores."""
-
-    sums: EpochSums
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    step: int = 0
-    best_acc: float = -1.0
-    history: list[dict[str, float]] = field(default_factory=list)
-    stop_asked: bool = False  # on_step or a signal asked to stop (under torchrun, not yet agreed on by all ranks)
-
-    def next_epoch(self) -> None:
-        self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-        self.sums = EpochSums.zeros(self.sums.loss.device)
-
-
-def restore(run: Run) -> RunState:
-    """The RunState, weights, optimizer, schedule and random streams of the state.pt being resumed from."""
-    saved, config = run.state_dict, run.config
-    assert saved is not None  # restore() is called only when resuming
-    run.model.load_state_dict(saved["model"])
-    run.optimizer.load_state_dict(saved["optimizer"])
-    run.scheduler.load_state_dict(saved["scheduler"])
-    if run.scheduler.gamma != config.decay_per_epoch:  # resumed with other --epochs/--lr-decay/--lr-end:
-        run.scheduler.gamma = config.decay_per_epoch  # epoch e runs at lr × decay^e under the new flags
-        for group, base_lr in zip(run.optimizer.param_groups, run.scheduler.base_lrs, strict=True):
-            group["lr"] = base_lr * run.scheduler.gamma ** saved["epoch"]
-    set_rng_states(saved["rng"], run.device, run.augment_rng, run.dist)
-    return RunState(
-        EpochSums.from_list(list(saved["running"]), run.device),
-        saved["epoch"],
-        saved["batch_in_epoch"],
-        saved["step"],
-        saved["best_test_acc"],
-        list(saved["history"]),
-    )
-
-
-def save_checkpoint(run: Run, state: RunState, *, epoch_done: bool) -> None:
-    """last/ and state.pt (atomically), and summary.csv; on rank 0, with every rank's augmentation stream."""
-    rng = get_rng_states(run.device, run.augment_rng, run.dist)  # a collective under torchrun: every rank calls it
-    running = [0.0] * 4 if epoch_done else state.sums.to_list()
-    if not run.dist.is_main:
-        return
-    run.model.save_pretrained(run.dir / "last")
-    save_state(
-        run.dir,
-        {
-            "model": run.model.state_dict(),
-            "model_config": to_dict(run.model_config),
-            "optimizer": run.optimizer.state_dict(),
-            "scheduler": run.scheduler.state_dict(),
-            "epoch": state.epoch + (1 if epoch_done else 0),
-            "batch_in_epoch": 0 if epoch_done else state.batch_in_epoch,
-            "step": state.step,
-            "best_test_acc": state.best_acc,
-            "history": state.history,
-            "running": running,
-            "rng": rng,
-        },
-    )
-    write_summary(run.dir, state.history)
 
 
 # ----------------------------------------------------------------------------------------------- epoch
@@ -340,25 +257,57 @@ def train_epoch(run: Run, state: RunState, log: _Logger, signals: _StopFlag, on_
 
 
 def evaluate_epoch(run: Run, state: RunState) -> dict[str, float]:
-    """Close the epoch: reduce the training sums over ranks, step the schedule, test, keep the best model."""
+    """Close the epoch: reduce the training sums over ranks, step the schedule, score the validation split (the
+    test split when there is none) and mark a new best (saved as best/ by the checkpoint that follows)."""
     sums = torch.tensor(state.sums.to_list(), dtype=torch.float64, device=run.device)
     loss_sum, correct, count, seconds = dist_utils.all_sum_tensor(sums, run.dist).tolist()
     seconds /= run.dist.world_size
     lr = run.optimizer.param_groups[0]["lr"]
     run.scheduler.step()
-    test = run.task.evaluate(run.model, batch_size=run.config.eval_batch_size, device=run.device, dist=run.dist)
+    split = "val" if run.task.has_val else "test"
+    scores = run.task.evaluate(
+        run.model, split=split, batch_size=run.config.eval_batch_size, device=run.device, dist=run.dist
+    )
     row = {
         "epoch": state.epoch + 1,
         "train_loss": loss_sum / count,
         "train_acc": correct / count,
-        "test_loss": test["loss"],
-        "test_acc": test["accuracy"],
+        f"{split}_loss": scores["loss"],
+        f"{split}_acc": scores["accuracy"],
         "lr": lr,
         "images_per_s": count / max(seconds, 1e-9),
         "seconds": seconds,
     }
     state.history.append(row)
-    if row["test_acc"] > state.best_acc and run.dist.is_main:
-        run.model.save_pretrained(run.dir / "best")
-    state.best_acc = max(state.best_acc, row["test_acc"])
+    metric = f"{split}_acc"
+    if row[metric] > state.best.get("value", -1.0):
+        state.best = {"epoch": state.epoch + 1, "step": state.step, "metric": metric, "value": row[metric]}
     return row
+
+
+def final_test(run: Run, state: RunState) -> dict[str, Any]:
+    """Score the test split once, at the end of the run: best/ (the checkpoint chosen on validation) and the
+    final weights (last/); rank 0 writes test.json. Every rank calls it (the scores are summed over ranks)."""
+    dist_utils.barrier(run.dist)  # best/ is rank 0's
+    kwargs: dict[str, Any] = {"split": "test", "batch_size": run.config.eval_batch_size, "device": run.device,
+                              "dist": run.dist}  # fmt: skip
+    last = run.task.evaluate(run.model, **kwargs)
+    report: dict[str, Any] = {"selected_on": state.best.get("metric"), "epochs": state.epoch}
+    best_weights = run.dir / "best" / WEIGHTS_NAME
+    if best_weights.is_file():
+        best_model = copy.deepcopy(run.model)
+        best_model.load_state_dict(load_file(str(best_weights), device=str(run.device)))
+        best = run.task.evaluate(best_model, **kwargs)
+        del best_model
+        report["best"] = {"epoch": state.best.get("epoch"), state.best.get("metric", "value"): state.best.get("value"),
+                          **_scores(best)}  # fmt: skip
+    report["last"] = {"epoch": state.epoch, **_scores(last)}
+    if report["selected_on"] == "test_acc":
+        report["note"] = "best/ was chosen on the test set: its test accuracy is a maximum over epochs"
+    if run.dist.is_main:
+        atomic_write_json(run.dir / TEST_NAME, report)
+    return report
+
+
+def _scores(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {"accuracy": metrics["accuracy"], "loss": metrics["loss"], "n": metrics.get("n")}

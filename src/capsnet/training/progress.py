@@ -71,6 +71,10 @@ class _Logger:
         atomic_write_json(run.dir / "config.json", meta)
         if state.history:
             write_summary(run.dir, state.history)
+        if not run.task.has_val:
+            print("capsnet: no validation split (--val-fraction 0, or a run made before validation splits): best/ "
+                  "is chosen on the test set, so its test accuracy is a maximum over epochs, not an estimate",
+                  file=sys.stderr, flush=True)  # fmt: skip
 
     def bar(self, epoch: int, total: int, done: int):
         if not (self.enabled and self.config.progress):
@@ -122,15 +126,30 @@ class _Logger:
     def epoch(self, row: dict[str, float]) -> None:
         if not self.enabled:
             return
+        split = "val" if "val_acc" in row else "test"
         print(
             f"epoch {int(row['epoch'])}/{self.config.epochs}  train loss {row['train_loss']:.4f}  "
-            f"train acc {row['train_acc']:.4f}  test acc {row['test_acc']:.4f}  lr {row['lr']:.2e}  "
+            f"train acc {row['train_acc']:.4f}  {split} acc {row[f'{split}_acc']:.4f}  lr {row['lr']:.2e}  "
             f"{row['images_per_s']:.0f} img/s  {row['seconds']:.1f}s",
             flush=True,
         )
         if self.writer is not None:
-            for key in ("train_loss", "train_acc", "test_loss", "test_acc", "lr", "images_per_s"):
+            for key in ("train_loss", "train_acc", f"{split}_loss", f"{split}_acc", "lr", "images_per_s"):
                 self.writer.add_scalar(f"epoch/{key}", row[key], int(row["epoch"]))
+            self.writer.flush()
+
+    def tested(self, report: dict) -> None:
+        """The test split's figures of best/ and last/, once, at the end of the run."""
+        if not self.enabled:
+            return
+        parts = [f"{name}/ (epoch {report[name]['epoch']}) {report[name]['accuracy']:.4f}"
+                 for name in ("best", "last") if name in report]  # fmt: skip
+        chosen = {"val_acc": "validation", "test_acc": "test"}.get(report.get("selected_on") or "", "?")
+        print(f"test accuracy: {', '.join(parts)}; best/ chosen on {chosen} accuracy", flush=True)
+        if self.writer is not None:
+            for name in ("best", "last"):
+                if name in report:
+                    self.writer.add_scalar(f"test/{name}_acc", report[name]["accuracy"], report[name]["epoch"])
             self.writer.flush()
 
     def finish(self, interrupted: bool, signum: int | None, epoch: int, batch: int) -> None:

@@ -25,7 +25,7 @@ from torch import nn
 from ..data.batching import epoch_indices, iterate_batches, num_batches
 from ..data.datasets import load_dataset
 from ..data.imageaug import AugmentSpec, resolve_augment
-from ..data.split import Split, to_float
+from ..data.split import Split, stratified_holdout, to_float
 from ..errors import DatasetError
 from ..models.registry import MODELS
 from . import distributed as dist_utils
@@ -82,13 +82,36 @@ class Task:
         device, so that the step never waits for the device (the loop sums them there)."""
         raise NotImplementedError
 
-    def evaluate(self, model: nn.Module, *, batch_size: int, device: torch.device, dist: dist_utils.DistInfo) -> dict:
-        """Test metrics; must hold "accuracy" and "loss"."""
+    @property
+    def has_val(self) -> bool:
+        """Whether the task holds a validation split (the loop then chooses best/ on it, and reads the test split
+        only at the end of the run)."""
+        return False
+
+    def evaluate(
+        self, model: nn.Module, *, split: str = "test", batch_size: int, device: torch.device, dist: dist_utils.DistInfo
+    ) -> dict:
+        """Metrics on the "val" or "test" split; must hold "accuracy" and "loss"."""
         raise NotImplementedError
 
 
 def subset(split: Split, n: int | None) -> Split:
     return split if n is None else Split(split.images[:n], split.labels[:n])
+
+
+def validation_split(train: Split, official: Split | None, config) -> tuple[Split, Split | None, dict[str, Any]]:
+    """(training split, validation split or None, what config.json records of it) for a TrainConfig's
+    val_fraction and val_seed: the data set's official validation split where it has one, else a stratified,
+    seeded hold-out of `train` (:func:`capsnet.data.split.stratified_holdout`); none at val_fraction 0."""
+    fraction = float(getattr(config, "val_fraction", 0.0))
+    seed = int(getattr(config, "val_seed", 0))
+    if fraction == 0:
+        return train, None, {"source": "none"}
+    if official is not None:
+        return train, official, {"source": "official", "n": len(official)}
+    kept, held = stratified_holdout(train, fraction, seed=seed)
+    return kept, held, {"source": "held out of the training split", "fraction": fraction, "seed": seed,
+                        "n": len(held)}  # fmt: skip
 
 
 class ClassificationTask(Task):
@@ -101,6 +124,7 @@ class ClassificationTask(Task):
         *,
         train: Split,
         test: Split,
+        val: Split | None = None,
         n_classes: int = 10,
         shift: int = 2,
         source: str = "data",
@@ -109,14 +133,15 @@ class ClassificationTask(Task):
         digits: bool = True,
     ):
         _, channels, height, width = train.images.shape
-        self.train, self.test, self.shift = train, test, shift
+        self.train, self.test, self.val, self.shift = train, test, val, shift
         # The training augmentation (default: the paper's shift) and what the model records of the data.
         self.spec = augment if augment is not None else AugmentSpec(shift=shift)
         h, w = self.spec.output_size(height, width)  # the model's input: the (random / centre) crop
         self.in_channels, self.image_size, self.n_classes = channels, (h if h == w else (h, w)), n_classes
         self.class_names, self.digits = tuple(class_names), digits
         self.source_size = (height, width) if (h, w) != (height, width) else ()
-        self.recorded = {"augment": str(self.spec)}
+        validation = {"source": "given", "n": len(val)} if val is not None else {"source": "none"}
+        self.recorded: dict[str, Any] = {"augment": str(self.spec), "validation": validation}
         self._resident: dict[tuple[str, str], Split | None] = {}  # (split, device) -> its copy there, or None
 
     @classmethod
@@ -126,7 +151,7 @@ class ClassificationTask(Task):
         names = {
             "image_size": "image_size",
             "channels": "image_channels",
-            "val_fraction": "val_fraction",
+            "test_fraction": "test_fraction",
             "strict": "strict",
         }
         options = {key: getattr(config, attr, None) for key, attr in names.items()}
@@ -138,9 +163,11 @@ class ClassificationTask(Task):
         spec = resolve_augment(getattr(config, "augment", "auto"), kind, shift=config.shift, model_default=recipe)
         if spec.flip and data.digits:
             raise DatasetError(f"{data.source}: a digit set; flipping digits changes their class (drop 'flip')")
-        return cls(
-            train=subset(data.train, config.train_subset),
+        train, val, recorded = validation_split(subset(data.train, config.train_subset), data.val, config)
+        task = cls(
+            train=train,
             test=subset(data.test, config.test_subset),
+            val=val,
             n_classes=data.n_classes,
             shift=config.shift,
             source=data.source,
@@ -148,6 +175,12 @@ class ClassificationTask(Task):
             class_names=data.class_names,
             digits=data.digits,
         )
+        task.recorded["validation"] = recorded
+        return task
+
+    @property
+    def has_val(self) -> bool:
+        return self.val is not None
 
     def model_fields(self) -> dict:
         """The data fields of the model's config: input size (after the crop), channels, classes, and what the
@@ -164,7 +197,7 @@ class ClassificationTask(Task):
         return num_batches(len(self.train), batch_size=batch_size, world_size=world_size)
 
     def on_device(self, which: str, device: torch.device) -> Split | None:
-        """The "train" or "test" split, moved to `device` once (uint8: 47 MB for MNIST's training set) when it
+        """The "train", "val" or "test" split, moved to `device` once (uint8: 47 MB for MNIST's training set) when it
         fits (:func:`fits_on_device`); None when it does not."""
         key = (which, str(device))
         if key not in self._resident:
@@ -196,9 +229,11 @@ class ClassificationTask(Task):
         loss, _ = model.loss(out, batch.images, batch.targets)
         return loss, (out.predictions == batch.targets).sum()
 
-    def evaluate(self, model, *, batch_size, device, dist) -> dict:
-        test = self.on_device("test", torch.device(device)) or self.test
-        return evaluate(model, test, batch_size=batch_size, device=device, dist=dist)
+    def evaluate(self, model, *, split="test", batch_size, device, dist) -> dict:
+        if split not in ("val", "test") or getattr(self, split) is None:
+            raise DatasetError(f"this task has no {split!r} split")
+        data = self.on_device(split, torch.device(device)) or getattr(self, split)
+        return evaluate(model, data, batch_size=batch_size, device=device, dist=dist)
 
 
 # --------------------------------------------------------------------------------------- data on the device

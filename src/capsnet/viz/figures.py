@@ -15,11 +15,10 @@ from pathlib import Path
 
 import torch
 
-from ..data.datasets import load_dataset
 from ..data.split import Split, to_float
 from ..errors import CapsNetError, CheckpointError, DatasetError
 from ..training.checkpoint import SUMMARY_NAME, read_summary, resolve_checkpoint
-from ..training.evaluate import check_split, evaluate, fit_to_model
+from ..training.evaluate import check_split, checkpoint_data, evaluate, fit_to_model
 from .common import (
     WRONG,
     _figure,
@@ -179,23 +178,26 @@ def plot_curves(summary: str | os.PathLike, out: str | os.PathLike) -> Path:
     def present(key: str) -> bool:
         return key in cols and any(math.isfinite(v) for v in cols[key])
 
-    accs = [k for k in ("train_acc", "test_acc") if present(k)]
+    accs = [k for k in ("train_acc", "val_acc", "test_acc") if present(k)]
+    chosen_on = "val" if present("val_acc") else "test"  # the split best/ was chosen on
     scale = 100.0 if accs and max(v for k in accs for v in cols[k] if math.isfinite(v)) <= 1.0 else 1.0
     fig = _figure(figsize=(10, 4), layout="constrained")
     ax_loss, ax_acc = fig.subplots(1, 2)
     marker = "o" if len(epochs) <= 30 else None
-    for key, label, color in (("train_loss", "train", "tab:blue"), ("test_loss", "test", "tab:orange")):
-        if present(key):
-            ax_loss.plot(epochs, cols[key], marker=marker, color=color, label=label)
+    curves = (("train", "tab:blue"), ("val", "tab:green"), ("test", "tab:orange"))
+    for split, color in curves:
+        if present(f"{split}_loss"):
+            ax_loss.plot(epochs, cols[f"{split}_loss"], marker=marker, color=color, label=split)
     ax_loss.set_title("loss")
     ax_loss.set_ylabel("loss")
-    best_label = ""
-    if present("test_acc"):
-        best, at = max((v, e) for v, e in zip(cols["test_acc"], epochs) if math.isfinite(v))
-        best_label = f" (best {best * scale:.2f}{'%' if scale == 100.0 else ''} at epoch {at:g})"
-    for key, label, color in (("train_acc", "train", "tab:blue"), ("test_acc", "test" + best_label, "tab:orange")):
-        if present(key):
-            ax_acc.plot(epochs, [v * scale for v in cols[key]], marker=marker, color=color, label=label)
+    labels = {split: split for split, _ in curves}
+    if present(f"{chosen_on}_acc"):
+        best, at = max((v, e) for v, e in zip(cols[f"{chosen_on}_acc"], epochs) if math.isfinite(v))
+        labels[chosen_on] += f" (best {best * scale:.2f}{'%' if scale == 100.0 else ''} at epoch {at:g})"
+    for split, color in curves:
+        if present(f"{split}_acc"):
+            ax_acc.plot(epochs, [v * scale for v in cols[f"{split}_acc"]], marker=marker, color=color,
+                        label=labels[split])  # fmt: skip
     ax_acc.set_title("accuracy")
     ax_acc.set_ylabel("accuracy (%)" if scale == 100.0 else "accuracy")
     for ax in (ax_loss, ax_acc):
@@ -253,7 +255,7 @@ def visualize(
     checkpoint: str | os.PathLike,
     out_dir: str | os.PathLike,
     *,
-    dataset: str = "mnist-sample",
+    dataset: str | None = None,
     data_dir: str | None = None,
     seed: int = 0,
     n: int = 10,
@@ -264,14 +266,15 @@ def visualize(
 ) -> dict[str, Path]:
     """Write every figure for `checkpoint` into `out_dir`; returns {name: path} of the files written.
 
-    Examples are drawn from the test split with a generator seeded by `seed`: `n` for the reconstructions,
-    `n_perturb` of those (of different classes where possible) for the perturbations, the first one for the
-    routing figure. Figures
-    that do not apply (no decoder, no summary.csv) are skipped with a note through `log`.
+    The test split is that of the data the checkpoint was trained on (its run's config.json, or a shipped card),
+    unless `dataset` / `data_dir` name another. Examples are drawn from it with a generator seeded by `seed`: `n`
+    for the reconstructions, `n_perturb` of those (of different classes where possible) for the perturbations, the
+    first one for the routing figure. Figures that do not apply (no decoder, no summary.csv) are skipped with a
+    note through `log`.
     """
     model = load_capsnet(checkpoint, device=device, any_model=True)
     run_dir = run_folder_of(checkpoint)
-    data = load_dataset(dataset, data_dir=data_dir)
+    data = checkpoint_data(model, [checkpoint], dataset=dataset, data_dir=data_dir)  # default: what the run used
     check_split(model, data.test, source=data.source)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,45 @@
+"""The model a command works on: `--checkpoint PATH` (a run folder or a save_pretrained folder) or
+`--pretrained NAME:TAG` (weights shipped with capsnet; `capsnet models` lists them)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..models.hub import resolve_ref
+
+CHECKPOINT_HELP = "run folder (uses best/, else last/) or save_pretrained folder"
+PRETRAINED_HELP = "weights shipped with capsnet, NAME:TAG (e.g. capsnet:mnist-sample; `capsnet models` lists them)"
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, repeat: str | None = None) -> None:
+    """--checkpoint and --pretrained: exactly one of them, or with `repeat` (its help text) each repeatable, at
+    least one in all."""
+    if repeat:
+        parser.add_argument("--checkpoint", action="append", default=[], metavar="PATH",
+                            help=f"{CHECKPOINT_HELP}; {repeat}")  # fmt: skip
+        parser.add_argument("--pretrained", action="append", default=[], metavar="NAME:TAG", help=PRETRAINED_HELP)
+        return
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--checkpoint", metavar="PATH", help=CHECKPOINT_HELP)
+    group.add_argument("--pretrained", metavar="NAME:TAG", help=PRETRAINED_HELP)
+
+
+def pretrained_folder(ref: str) -> Path:
+    """The folder of the shipped weights NAME:TAG; ConfigError for an unknown model or tag."""
+    if ":" not in ref:
+        raise ConfigError(f"--pretrained {ref}: expected NAME:TAG, e.g. capsnet:mnist-sample")
+    return resolve_ref(ref)
+
+
+def model_paths(args: argparse.Namespace) -> list[str | os.PathLike]:
+    """The checkpoints the arguments name: the --checkpoint paths, then the folders of the --pretrained weights."""
+    checkpoints = args.checkpoint if isinstance(args.checkpoint, list) else [args.checkpoint]
+    pretrained = args.pretrained if isinstance(args.pretrained, list) else [args.pretrained]
+    paths: list[str | os.PathLike] = [c for c in checkpoints if c is not None]
+    paths += [pretrained_folder(p) for p in pretrained if p is not None]
+    if not paths:
+        raise ConfigError("give --checkpoint PATH or --pretrained NAME:TAG")
+    return paths

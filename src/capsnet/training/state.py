@@ -1,0 +1,168 @@
+"""A run's state and its checkpoint: the running sums of an epoch, where the run is (what state.pt saves and
+`--resume` restores), the checkpoint set written at the end of each epoch and at a stop, and the validation split
+a resumed run keeps (the one it recorded)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..config import to_dict
+from ..errors import CheckpointError, ConfigError
+from .checkpoint import (
+    STATE_NAME,
+    get_rng_states,
+    restore_views,
+    save_state,
+    set_rng_states,
+    view_metadata,
+    write_summary,
+)
+from .config import TrainConfig
+from .tasks import Task
+
+if TYPE_CHECKING:  # annotations only: the loop imports this module
+    from .loop import Run
+
+
+@dataclass
+class EpochSums:
+    """Running sums of the current epoch. loss (Σ loss·n) and correct stay float64 tensors on the device, added to
+    without a host sync; count and seconds are host numbers."""
+
+    loss: torch.Tensor
+    correct: torch.Tensor
+    count: int = 0
+    seconds: float = 0.0
+
+    @classmethod
+    def zeros(cls, device: torch.device) -> EpochSums:
+        return cls.from_list([0.0, 0.0, 0, 0.0], device)
+
+    @classmethod
+    def from_list(cls, values: list[float], device: torch.device) -> EpochSums:
+        """From a checkpoint's [loss sum, correct, count, seconds]."""
+        loss, correct, count, seconds = values
+        f64: dict[str, Any] = {"dtype": torch.float64, "device": device}
+        return cls(torch.tensor(loss, **f64), torch.tensor(correct, **f64), int(count), float(seconds))
+
+    def add(self, loss: torch.Tensor, n_correct: torch.Tensor | float, n: int) -> None:
+        self.loss += loss.detach().double() * n  # (the arithmetic of the former host-side float sums)
+        self.correct += n_correct
+        self.count += n
+
+    def to_list(self) -> list[float]:
+        """[loss sum, correct, count, seconds]: reads the device (one sync)."""
+        loss, correct = torch.stack([self.loss, self.correct]).tolist()
+        return [loss, correct, float(self.count), self.seconds]
+
+
+@dataclass
+class RunState:
+    """Where the run is: what a checkpoint saves and a resume restores."""
+
+    sums: EpochSums
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    step: int = 0
+    best: dict[str, Any] = field(default_factory=dict)  # {"epoch", "step", "metric", "value"} of best/
+    history: list[dict[str, float]] = field(default_factory=list)
+    stop_asked: bool = False  # on_step or a signal asked to stop (under torchrun, not yet agreed on by all ranks)
+
+    def next_epoch(self) -> None:
+        self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        self.sums = EpochSums.zeros(self.sums.loss.device)
+
+
+def restore(run: Run) -> RunState:
+    """The RunState, weights, optimizer, schedule and random streams of the state.pt being resumed from; its views
+    (last/, best/, summary.csv) rewritten from it, in case a kill left them a save behind; then the loaded state is
+    dropped (its copies of the weights and Adam moments would otherwise stay in memory for the whole run)."""
+    saved, config = run.state_dict, run.config
+    assert saved is not None  # restore() is called only when resuming
+    try:
+        run.model.load_state_dict(saved["model"])
+    except RuntimeError as e:
+        first = " ".join(str(e).strip().splitlines()[:2])
+        raise CheckpointError(f"{run.dir / STATE_NAME}: weights do not match the run's model ({first})") from None
+    run.optimizer.load_state_dict(saved["optimizer"])
+    run.scheduler.load_state_dict(saved["scheduler"])
+    if run.scheduler.gamma != config.decay_per_epoch:  # resumed with other --epochs/--lr-decay/--lr-end:
+        run.scheduler.gamma = config.decay_per_epoch  # epoch e runs at lr × decay^e under the new flags
+        for group, base_lr in zip(run.optimizer.param_groups, run.scheduler.base_lrs, strict=True):
+            group["lr"] = base_lr * run.scheduler.gamma ** saved["epoch"]
+    set_rng_states(saved["rng"], run.device, run.augment_rng, run.dist)
+    best = saved.get("best") or _best_of_old_state(saved)
+    restore_views(run.dir, {**saved, "best": best}, run.model, is_main=run.dist.is_main)
+    state = RunState(
+        EpochSums.from_list(list(saved["running"]), run.device),
+        saved["epoch"],
+        saved["batch_in_epoch"],
+        saved["step"],
+        best,
+        list(saved["history"]),
+    )
+    run.state_dict = None
+    return state
+
+
+def _best_of_old_state(saved: dict) -> dict[str, Any]:
+    """best/ of a state.pt written before validation splits: the epoch of the highest test accuracy."""
+    rows = [r for r in saved["history"] if r.get("test_acc", -1.0) == saved.get("best_test_acc")]
+    epoch = int(rows[0]["epoch"]) if rows else None
+    return {"epoch": epoch, "step": None, "metric": "test_acc", "value": saved.get("best_test_acc", -1.0)}
+
+
+def save_checkpoint(run: Run, state: RunState, *, epoch_done: bool) -> None:
+    """The checkpoint set, on rank 0 (with every rank's augmentation stream): state.pt first, the commit point;
+    then its views last/, best/ (when this epoch is the new best) and summary.csv (see training/checkpoint.py)."""
+    rng = get_rng_states(run.device, run.augment_rng, run.dist)  # a collective under torchrun: every rank calls it
+    running = [0.0] * 4 if epoch_done else state.sums.to_list()
+    if not run.dist.is_main:
+        return
+    saved = {
+        "model": run.model.state_dict(),
+        "model_config": to_dict(run.model_config),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "epoch": state.epoch + (1 if epoch_done else 0),
+        "batch_in_epoch": 0 if epoch_done else state.batch_in_epoch,
+        "step": state.step,
+        "best": state.best,
+        "validation": getattr(run.task, "recorded", {}).get("validation"),
+        "history": state.history,
+        "running": running,
+        "rng": rng,
+    }
+    save_state(run.dir, saved)
+    run.model.save_pretrained(run.dir / "last", metadata=view_metadata(saved, "last"))
+    if epoch_done and state.best.get("step") == state.step:
+        run.model.save_pretrained(run.dir / "best", metadata=view_metadata(saved, "best"))
+    write_summary(run.dir, state.history)
+
+
+def resumed_validation(config: TrainConfig, saved: dict) -> TrainConfig:
+    """The TrainConfig with the validation split the resumed run recorded (val_fraction and val_seed). A run made
+    before validation splits chose best/ on the test set, and keeps doing so."""
+    recorded = saved.get("validation")
+    if recorded is None:
+        return dataclasses.replace(config, val_fraction=0.0)
+    fraction = recorded.get("fraction", 0.0 if recorded.get("source") == "none" else config.val_fraction)
+    return dataclasses.replace(config, val_fraction=fraction, val_seed=recorded.get("seed", config.val_seed))
+
+
+def check_validation(task: Task, saved: dict, run_dir: Path) -> None:
+    """ConfigError unless `task` validates as the resumed run did: the same presence and size of the split."""
+    recorded = saved.get("validation") or {"source": "none"}
+    mine = getattr(task, "recorded", {}).get("validation", {"source": "given" if task.has_val else "none"})
+    if (recorded["source"] == "none") != (not task.has_val) or recorded.get("n", mine.get("n")) != mine.get("n"):
+        raise ConfigError(f"--resume: {run_dir} was validated on {_describe(recorded)}, this data gives "
+                          f"{_describe(mine)}; resume with the run's own data and --val-fraction")  # fmt: skip
+
+
+def _describe(validation: dict) -> str:
+    return "no validation split" if validation["source"] == "none" else f"{validation.get('n', '?')} images"
