@@ -13,9 +13,11 @@ import pytest
 from capsnet.cli import main
 from capsnet.data import load_dataset
 from capsnet.data.sources import load
-from capsnet.errors import ConfigError
+from capsnet.errors import ConfigError, DatasetError
 from capsnet.experiments import fashion_mnist as fm
 from capsnet.models.registry import MODELS
+from capsnet.training.config import TrainConfig
+from capsnet.training.tasks import ClassificationTask
 
 
 def write_idx_standin(folder: Path, *, n_train: int = 700, n_test: int = 200, seed: int = 0) -> Path:
@@ -41,7 +43,7 @@ def test_every_registered_model_has_a_recipe_and_a_quick_size():
         assert recipe.why and recipe.epochs >= 1 and recipe.batch_size >= 1, name
         MODELS[name].config_class(**recipe.model)  # the options exist
         MODELS[name](**fm.QUICK_MODELS[name], **recipe.model)
-        assert "flip" in recipe.augment  # clothing: a mirror keeps the class
+    assert "flip" in fm.RECIPES["capsnet"].augment  # clothing: a mirror keeps the class
 
 
 def test_fashion_mnist_is_clothing_with_its_class_names(tmp_path):
@@ -50,6 +52,10 @@ def test_fashion_mnist_is_clothing_with_its_class_names(tmp_path):
     assert not data.digits and data.class_names[0] == "T-shirt/top" and data.class_names[9] == "Ankle boot"
     assert load(folder, "idx", name="f", source=str(folder)).digits  # an unnamed IDX folder stays a digit set
     assert load_dataset("fashion-mnist", data_dir=str(folder)).class_names == data.class_names
+    task = ClassificationTask.from_config(TrainConfig(dataset="fashion-mnist", data_dir=str(folder), augment="flip"))
+    assert task.spec.flip  # a mirrored shirt is a shirt
+    with pytest.raises(DatasetError, match="a digit set"):
+        ClassificationTask.from_config(TrainConfig(dataset=str(folder), augment="flip"))
 
 
 def test_plan_checks_its_input():
@@ -59,7 +65,7 @@ def test_plan_checks_its_input():
         fm.Plan(models=["hvc-capsnet"], seeds=[0], epochs=0)
     plan = fm.Plan(models=["hvc-capsnet"], seeds=[0, 1], epochs=7)
     config = plan.train_config("hvc-capsnet", 1, Path("o"))
-    assert (config.epochs, config.batch_size, config.augment, config.seed) == (7, 120, "hvc,flip", 1)
+    assert (config.epochs, config.batch_size, config.augment, config.seed) == (7, 120, "shift=2", 1)
     assert (config.lr, config.lr_decay) == (None, 0.94)
 
 
@@ -69,7 +75,7 @@ def test_a_run_folder_trained_otherwise_is_an_error(tmp_path):
     config = plan.train_config("hvc-capsnet", 0, folder)
     assert fm.run_state(config) == "new"
     folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({"train": {"batch_size": 64, "augment": "hvc,flip"}}))
+    (folder / "config.json").write_text(json.dumps({"train": {"batch_size": 64, "augment": "shift=2"}}))
     with pytest.raises(ConfigError, match="trained with batch_size 64, this command asks for 120"):
         fm.run_state(config)
 
