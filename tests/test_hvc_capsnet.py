@@ -178,7 +178,7 @@ def test_recipe_defaults():
     assert TrainConfig(model="hvc-capsnet").learning_rate == 1e-3
     assert TrainConfig(model="hvc-capsnet").decay_per_epoch == 0.98
     assert TrainConfig(model="hvc-capsnet", lr_decay=0.9).decay_per_epoch == 0.9
-    assert HVCCapsNet.default_batch_size == 120 and HVCCapsNet.paper_epochs == 300
+    assert HVCCapsNet.default_batch_size == 120 and HVCCapsNetConfig().bn_momentum == 0.1
     recipe = HVCCapsNet.default_augment["idx"]
     assert str(resolve_augment("auto", "idx", model_default=recipe)) == "hvc"
     assert str(resolve_augment("shift=2", "idx", model_default=recipe)) == "shift=2"  # --augment wins

@@ -195,7 +195,6 @@ class HVCCapsNet(Pretrained, nn.Module):
     default_lr_decay = 0.98  # their exponential decay per epoch
     default_batch_size = 120  # their batch size
     default_augment: ClassVar[dict[str, str]] = {"idx": "hvc"}  # their MNIST augmentation, on MNIST-format sets
-    paper_epochs = 300
 
     def __init__(self, *, config: HVCCapsNetConfig | None = None, **options: Any):
         super().__init__()
