@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test check demo lint bench gpu-check clean
+.PHONY: test check demo lint bench gpu-check gpu-session clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ bench: $(STAMP)
 # writes gpu_check/gpu_check.json and gpu_check/gpu_check.md.
 gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --out gpu_check
+
+# A lent GPU machine's first command, from the source tree with its own python3 (no install): the check with the
+# training-step profile, graphs and Triton kernels, in about 9 minutes; writes gpu_session/ (docs/benchmarks.md#gpu).
+gpu-session:
+	bash benchmarks/gpu_session.sh gpu_session
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache

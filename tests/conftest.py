@@ -1,10 +1,15 @@
 import ipaddress
+import os
 import socket
 
 import pytest
 import torch
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
+if not torch.cuda.is_available():
+    # Triton kernels run on the CPU under Triton's interpreter (tests/test_routing_triton.py). Triton reads this when
+    # it is imported (by torch._dynamo, on capsnet's import), so it is set here, before any test module imports.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Tests never touch the network: a connection (or a name lookup) for any host but this machine's loopback raises
 # NetworkBlocked, and the test fails even if the code under test swallows the error. Loopback stays allowed:

@@ -28,6 +28,26 @@ def small_config(**overrides) -> CapsNetConfig:
     return CapsNetConfig(**{**SMALL_MODEL, **overrides})
 
 
+# Small settings of each registered model, for training tests that run every one (a model missing here trains
+# with its defaults: covered, only slower).
+SMALL_OPTIONS: dict[str, dict] = {
+    "capsnet": SMALL_MODEL,
+    "baseline": {"channels": (8, 8), "hidden": (32, 16)},
+    "em-capsnet": {"conv_channels": 8, "primary_types": 4, "caps1_types": 4, "caps2_types": 4},
+    "efficient-capsnet": {},
+    "inverted-attention-capsnet": {"stem_channels": 16, "primary_types": 4, "capsule_types": (4, 4)},
+    "self-routing-capsnet": {"resnet_widths": (8, 16), "resnet_blocks": 1, "primary_types": 4,
+                             "capsule_types": (4,), "capsule_strides": (2,)},
+}  # fmt: skip
+
+
+def small_model_config(name: str):
+    """The config of registered model `name` with SMALL_OPTIONS (its defaults where it has none)."""
+    from capsnet.models.registry import MODELS
+
+    return MODELS[name].config_class(**SMALL_OPTIONS.get(name, {}))
+
+
 def check_bf16_autocast_routes_in_fp32() -> None:
     """Router under bf16 autocast: fp32 output close to the fp32 result, bf16 grad for u, fp32 grad for W."""
     torch.manual_seed(2)

@@ -32,7 +32,7 @@ def _route(router: Router) -> torch.Tensor:
 
 
 def test_the_default_is_auto_and_an_unknown_name_is_refused():
-    assert get_backend() == "auto" and backend.BACKENDS == ("auto", "cpp", "torch")
+    assert get_backend() == "auto" and backend.BACKENDS == ("auto", "cpp", "torch", "triton")
     with pytest.raises(ConfigError, match="unknown routing backend 'c'; known: auto, cpp, torch"):
         set_backend("c")
     with pytest.raises(ConfigError, match="unknown routing backend"):

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import SMALL_FLAGS, small_config
 
 from capsnet import CapsNet, load_pretrained
@@ -124,3 +125,45 @@ def test_evaluate_under_torchrun_counts_every_image_once(tmp_path):
     for d in results:  # the reduced count is the total, on every rank, and so is the accuracy
         assert d["n"] == N_TEST
         assert d["accuracy"] == pytest.approx(single["accuracy"], abs=1e-9)
+
+
+EM_SCRIPT = """
+import sys, torch
+from capsnet.cli import build_parser
+from capsnet.cli.train import configs_from_args
+from capsnet.training.loop import train
+from capsnet.training.tasks import ClassificationTask
+
+class Keeping(ClassificationTask):
+    def evaluate(self, model, **kw):
+        self.model = model
+        return super().evaluate(model, **kw)
+
+out, flags = sys.argv[1], sys.argv[2:]
+config, model_config = configs_from_args(build_parser().parse_args(["train", "--out", out, *flags]))
+task = Keeping.from_config(config)
+train(config, model_config, task=task)
+rank = int(__import__("os").environ["RANK"])
+torch.save({k: v.clone() for k, v in task.model.state_dict().items()}, f"{out}/rank{rank}.pt")
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_em_capsnet_ranks_hold_the_same_weights(tmp_path):
+    """EMCapsNet centres beta_a on data before its first step: under torchrun both ranks must do it alike (before DDP
+    wraps the model, which never broadcasts the parameters again), else they train apart for the whole run."""
+    script = tmp_path / "em.py"
+    script.write_text(EM_SCRIPT)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(out),
+           "--model", "em-capsnet", "--conv-channels", "8", "--primary-types", "4", "--caps1-types", "4",
+           "--caps2-types", "4", "--epochs", "1", "--train-subset", "64", "--test-subset", "16", "--batch-size", "8",
+           "--device", "cpu", "--no-progress", "--no-tensorboard"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert r.returncode == 0, f"stdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-6000:]}"
+    a, b = (torch.load(out / f"rank{k}.pt", weights_only=True) for k in (0, 1))
+    assert a.keys() == b.keys() and any(k.endswith("beta_a_ready") for k in a)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert bool(a["caps1.beta_a_ready"]) and a["caps1.beta_a"].abs().sum() > 0  # centred, then trained
+    assert int(a["train_steps"]) == 4  # 64 images, 2 ranks, batch 8: 4 steps each

@@ -128,3 +128,148 @@ def test_known_md5_table():
         assert (len(info["files"]) == 4 if idx else len(info["files"]) >= 1) and info["mirrors"]
         assert all(len(m) == 32 and int(m, 16) >= 0 for m in info["files"].values())
     assert dl.known_md5s("train-images-idx3-ubyte.gz")["f68b3c2dcbeaaa9fbdd348bbdeb94873"] == "mnist"
+
+
+# ------------------------------------------------------------------------------------- faults, mirrors, ranks
+def _cifar_archive(tmp_path, monkeypatch) -> bytes:
+    import tarfile
+
+    from capsnet.data import standins
+
+    folder = standins.write_cifar(tmp_path / "src" / "cifar-10-batches-bin", n_train=10, n_test=5)
+    archive = tmp_path / "src" / "cifar-10-binary.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname="cifar-10-batches-bin")
+    data = archive.read_bytes()
+    monkeypatch.setitem(DATASETS["cifar10"]["files"], "cifar-10-binary.tar.gz", hashlib.md5(data).hexdigest())
+    return data
+
+
+@pytest.mark.parametrize("fault", ["truncate", "drop", "chunked-cut", "wrong", "stall"])
+def test_a_set_with_one_mirror_survives_a_fault(monkeypatch, tmp_path, fault):
+    """CIFAR, SVHN, smallNORB and KMNIST have one mirror each: a fault there is retried, not fatal."""
+    from faulty_server import FaultyServer
+
+    monkeypatch.setattr(dl, "TIMEOUT_S", 0.3)
+    data = _cifar_archive(tmp_path, monkeypatch)
+    with FaultyServer() as server:
+        server.serve("cifar-10-binary.tar.gz", data, fault, "ok")
+        ds = load_dataset("cifar10", mirrors=[server.url])
+        assert server.counts["/cifar-10-binary.tar.gz"] == 2
+    assert len(ds.train) == 10
+    cached = tmp_path / "cache" / "cifar10"
+    assert not (cached / "cifar-10-binary.tar.gz").exists() and not [p for p in cached.rglob(".*")]
+
+
+def test_each_mirror_gets_its_tries_then_the_next_one_serves(monkeypatch, tmp_path):
+    from faulty_server import FaultyServer
+
+    (tmp_path / "files").mkdir()
+    md5s = serve_fake_mnist(tmp_path / "files", monkeypatch)
+    with FaultyServer() as bad, FaultyServer() as good:
+        for name in md5s:
+            bad.serve(name, (tmp_path / "files" / name).read_bytes(), "drop")
+            good.serve(name, (tmp_path / "files" / name).read_bytes())
+        ds = load_dataset("mnist", mirrors=[bad.url, good.url])
+        assert len(ds.train) == 10
+        assert all(bad.counts["/" + n] == dl.TRIES_PER_MIRROR and good.counts["/" + n] == 1 for n in md5s)
+
+
+def test_no_mirror_that_works_is_one_line_naming_each(monkeypatch, tmp_path):
+    from faulty_server import FaultyServer
+
+    (tmp_path / "files").mkdir()
+    md5s = serve_fake_mnist(tmp_path / "files", monkeypatch)
+    first = next(iter(md5s))
+    with FaultyServer() as a, FaultyServer() as b:
+        a.serve(first, (tmp_path / "files" / first).read_bytes(), "chunked-cut")
+        b.serve(first, (tmp_path / "files" / first).read_bytes(), "wrong")
+        with pytest.raises(DatasetError) as e:
+            load_dataset("mnist", mirrors=[a.url, b.url])
+    msg = str(e.value)
+    assert "\n" not in msg and f"could not download mnist ({first}: {a.url}{first}: the body was cut short" in msg
+    assert f"{b.url}{first}: MD5 " in msg and msg.count("(after 3 tries)") == 2
+    cached = tmp_path / "cache" / "mnist"
+    assert not cached.exists() or list(cached.iterdir()) == []  # nothing partial, no temporary or lock file
+
+
+def test_concurrent_loads_download_and_unpack_once(monkeypatch, tmp_path):
+    """Four callers at once (as torchrun ranks on one machine): one request, one extraction, no error, and the
+    archive removed once."""
+    from faulty_server import FaultyServer
+
+    from capsnet.data import datasets
+
+    data = _cifar_archive(tmp_path, monkeypatch)
+    results, errors = [], []
+    with FaultyServer() as server:
+        server.serve("cifar-10-binary.tar.gz", data, "slow")
+
+        def rank():
+            try:
+                results.append(len(load_dataset("cifar10", mirrors=[server.url]).train))
+            except BaseException as e:  # (reported below)
+                errors.append(e)
+
+        datasets.clear_cache()
+        threads = [threading.Thread(target=rank) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert server.counts["/cifar-10-binary.tar.gz"] == 1
+    assert not errors and results == [10] * 4
+    assert not list((tmp_path / "cache").glob(".*.lock"))
+
+
+def test_svhn_extra_is_fetched_when_asked_for(mirror, monkeypatch, tmp_path):
+    pytest.importorskip("scipy")
+    import shutil
+
+    from capsnet.data import standins
+
+    url, root, requests = mirror
+    standins.write_svhn(root, n_train=6, n_test=4)
+    shutil.copy(
+        standins.write_svhn(tmp_path / "more", n_train=5, n_test=1) / "train_32x32.mat", root / "extra_32x32.mat"
+    )
+    for table, name in (("files", "train_32x32.mat"), ("files", "test_32x32.mat"), ("optional", "extra_32x32.mat")):
+        monkeypatch.setitem(DATASETS["svhn"][table], name, hashlib.md5((root / name).read_bytes()).hexdigest())
+    assert len(load_dataset("svhn", mirrors=[url]).train) == 6
+    assert sorted(requests) == ["/test_32x32.mat", "/train_32x32.mat"]  # no extra unless asked for
+    ds = load_dataset("svhn", extra=True, mirrors=[url])
+    assert len(ds.train) == 6 + 5 and requests.count("/extra_32x32.mat") == 1
+    assert len(load_dataset("svhn", extra=True, download=False).train) == 11  # then from the cache
+    assert requests.count("/extra_32x32.mat") == 1
+
+
+RANK_SCRIPT = """
+import sys
+from capsnet.data import DATASETS, load_dataset
+DATASETS["cifar10"]["files"]["cifar-10-binary.tar.gz"] = sys.argv[2]
+print(len(load_dataset("cifar10", mirrors=[sys.argv[1]], cache_dir=sys.argv[3]).train))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_download_a_set_once(monkeypatch, tmp_path):
+    """Two processes (as two torchrun ranks on one machine) load the same set into one cache at once."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from faulty_server import FaultyServer
+
+    data = _cifar_archive(tmp_path, monkeypatch)
+    md5 = DATASETS["cifar10"]["files"]["cifar-10-binary.tar.gz"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    with FaultyServer() as server:
+        server.serve("cifar-10-binary.tar.gz", data, "slow")
+        cmd = [sys.executable, "-c", RANK_SCRIPT, server.url, md5, str(tmp_path / "shared")]
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                 for _ in range(2)]  # fmt: skip
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert server.counts["/cifar-10-binary.tar.gz"] == 1
+    assert [p.returncode for p in procs] == [0, 0], [err for _, err in outs]
+    assert [out for out, _ in outs] == ["10\n", "10\n"]

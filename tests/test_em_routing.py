@@ -193,11 +193,11 @@ def test_first_training_batch_centres_the_activations():
     torch.manual_seed(0)
     poses, acts = torch.randn(4, 3, 3, 2, 16), torch.rand(4, 3, 3, 2)
     layer = ClassCaps(2, 3, iterations=1, centre_activations=True)
-    assert not bool(layer.beta_a_ready)
+    assert not bool(layer.beta_a_ready) and not layer.centred
     layer.eval()(poses, acts)
     assert not bool(layer.beta_a_ready) and bool((layer.beta_a == 0).all())
     res = layer.train()(poses, acts)
-    assert bool(layer.beta_a_ready)
+    assert bool(layer.beta_a_ready) and layer.centred
     torch.testing.assert_close(res.logits.mean(dim=(0, 1)), torch.zeros(3), atol=1e-4, rtol=0)
     before = layer.beta_a.clone()
     layer(poses * 2, acts)
@@ -299,16 +299,16 @@ def test_model_losses(kind):
             assert parts["spread_margin"] == pytest.approx(spread_margin(step / 4))
     model.eval()
     model.loss(model(x), x, y)  # evaluation does not advance the margin schedule
-    assert int(model.train_steps) == (steps if kind == "spread" else 0)
+    assert model.margin_steps == (steps if kind == "spread" else 0)
 
 
 def test_save_and_load_strict(tiny_model, tmp_path):
     x = torch.rand(2, 1, 28, 28)
     tiny_model.eval()
-    tiny_model.train_steps += 7
+    tiny_model.margin_steps += 7
     tiny_model.save_pretrained(tmp_path / "m")
     loaded = load_pretrained(tmp_path / "m")
-    assert isinstance(loaded, EMCapsNet) and int(loaded.train_steps) == 7
+    assert isinstance(loaded, EMCapsNet) and loaded.margin_steps == 7 and int(loaded.train_steps) == 7
     torch.testing.assert_close(loaded(x).lengths, tiny_model(x).lengths)
 
 
@@ -320,8 +320,9 @@ def test_two_training_steps_from_the_cli(tmp_path, capsys):
                  "--out", str(out)])  # fmt: skip
     assert code == 0
     model = load_pretrained(out / "last")
-    assert isinstance(model, EMCapsNet) and int(model.train_steps) == 2
+    assert isinstance(model, EMCapsNet) and model.margin_steps == 2
     assert model.config.caps2_types == 4 and model.config.image_size == 28
+    assert all(layer.centred for layer in (model.caps1, model.caps2, model.classes))
 
 
 def _train_steps(iterations: int, steps: int, seed: int = 0) -> list[float]:
@@ -367,3 +368,101 @@ def test_visualize_draws_the_final_assignments(tiny_model, tmp_path):
 
     out = plot_routing(tiny_model.eval(), torch.rand(1, 28, 28), 3, tmp_path / "routing.png")
     assert out.read_bytes().startswith(b"\x89PNG")
+
+
+# ------------------------------------------------------------------- centring and the margin schedule, on the host
+def test_loading_a_centred_layer_is_not_centred_again():
+    """The host flag follows the saved buffer: a loaded layer that was centred is not shifted by its first training
+    batch; one saved before its first batch is."""
+    torch.manual_seed(0)
+    poses, acts = torch.randn(4, 3, 3, 2, 16), torch.rand(4, 3, 3, 2)
+    done = ClassCaps(2, 3, iterations=1, centre_activations=True).train()
+    done(poses, acts)
+    fresh = ClassCaps(2, 3, iterations=1, centre_activations=True)
+    fresh.load_state_dict(done.state_dict())
+    assert fresh.centred and torch.equal(fresh.beta_a, done.beta_a)
+    fresh.train()(poses * 3, acts)
+    assert torch.equal(fresh.beta_a, done.beta_a)
+    unready = ClassCaps(2, 3, iterations=1, centre_activations=True)
+    loaded = ClassCaps(2, 3, iterations=1, centre_activations=True)
+    loaded.centred = True
+    loaded.load_state_dict(unready.state_dict())
+    assert not loaded.centred
+
+
+def test_init_from_data_centres_every_layer_once(tiny_model):
+    x = torch.rand(6, 1, 28, 28)
+    layers = (tiny_model.caps1, tiny_model.caps2, tiny_model.classes)
+    tiny_model.eval()
+    tiny_model.init_from_data(x)
+    assert all(layer.centred and bool(layer.beta_a_ready) for layer in layers) and not tiny_model.training
+    assert all(layer.beta_a.abs().sum() > 0 for layer in layers)
+    before = [layer.beta_a.clone() for layer in layers]
+    tiny_model.init_from_data(x * 0.5)  # once only
+    tiny_model.train()(x)  # and the first training batch leaves it too
+    assert all(torch.equal(layer.beta_a, b) for layer, b in zip(layers, before))
+    off = EMCapsNet(image_size=28, n_classes=10, conv_channels=8, primary_types=4, caps1_types=4, caps2_types=4,
+                    centre_activations=False)  # fmt: skip
+    off.init_from_data(x)
+    assert all(bool((layer.beta_a == 0).all()) for layer in (off.caps1, off.caps2, off.classes))
+
+
+def test_the_margin_schedule_counts_on_the_host_and_checkpoints_of_the_buffer_load(tiny_model):
+    """margin_steps is a host int, saved as the `train_steps` buffer; a state dict written before the host counter
+    existed (the buffer alone, which the model advanced on the device) restores it."""
+    state = tiny_model.state_dict()
+    assert int(state["train_steps"]) == 0
+    state["train_steps"] = torch.tensor(7)
+    for key in [k for k in state if k.endswith("beta_a_ready")]:
+        state[key] = torch.tensor(True)
+    old = EMCapsNet(image_size=28, n_classes=10, conv_channels=8, primary_types=4, caps1_types=4, caps2_types=4)
+    old.load_state_dict(state, strict=True)
+    assert old.margin_steps == 7 and old.current_margin() == pytest.approx(spread_margin(7 / 10000))
+    assert all(layer.centred for layer in (old.caps1, old.caps2, old.classes))
+    x, y = torch.rand(2, 1, 28, 28), torch.tensor([1, 2])
+    old.train()
+    old.loss(old(x), x, y)
+    assert old.margin_steps == 8 and int(old.train_steps) == 7  # the buffer follows only when saved
+    assert int(old.state_dict()["train_steps"]) == 8
+
+
+@pytest.mark.slow
+def test_training_centres_before_the_first_step_and_a_resume_does_not(tmp_path, monkeypatch):
+    from capsnet.training import loop
+    from capsnet.training.distributed import DistInfo
+
+    calls = []
+    real = EMCapsNet.init_from_data
+    monkeypatch.setattr(EMCapsNet, "init_from_data", lambda model, x: calls.append(x.shape) or real(model, x))
+    config = loop.TrainConfig(out=str(tmp_path / "run"), model="em-capsnet", train_subset=32, test_subset=16,
+                              batch_size=16, epochs=1, progress=False, tensorboard=False, device="cpu")  # fmt: skip
+    small = EMCapsNet.config_class(conv_channels=8, primary_types=4, caps1_types=4, caps2_types=4)
+    run = loop.build(config, small, torch.device("cpu"), DistInfo(), None)
+    assert calls == [(16, 1, 28, 28)]  # rank 0's first batch, before any step
+    assert all(layer.centred for layer in (run.model.caps1, run.model.caps2, run.model.classes))
+    loop.train(config, small)
+    resumed = loop.TrainConfig(**{**config.__dict__, "epochs": 2, "resume": True})
+    calls.clear()
+    loop.train(resumed)
+    assert calls == []
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_the_margin_schedule_exactly(tmp_path):
+    """Stopped after its 3rd step (mid-epoch) and resumed, a run ends with the weights and margin of one that was
+    not stopped."""
+    from capsnet.training import loop
+
+    small = EMCapsNet.config_class(conv_channels=8, primary_types=4, caps1_types=4, caps2_types=4,
+                                   margin_anneal_steps=8)  # fmt: skip
+    common = dict(model="em-capsnet", train_subset=64, test_subset=16, batch_size=16, epochs=2, progress=False,
+                  tensorboard=False, device="cpu", lr_decay=0.5)  # fmt: skip
+    loop.train(loop.TrainConfig(out=str(tmp_path / "whole"), **common), small)
+    stopped = loop.train(loop.TrainConfig(out=str(tmp_path / "parts"), **common), small, on_step=lambda step: step == 3)
+    assert stopped.interrupted
+    assert load_pretrained(tmp_path / "parts" / "last").margin_steps == 3
+    loop.train(loop.TrainConfig(out=str(tmp_path / "parts"), resume=True, **common))
+    whole, parts = (load_pretrained(tmp_path / name / "last") for name in ("whole", "parts"))
+    assert whole.margin_steps == parts.margin_steps == 8
+    for (key, a), b in zip(whole.state_dict().items(), parts.state_dict().values(), strict=True):
+        assert torch.equal(a, b), key

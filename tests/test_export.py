@@ -173,3 +173,15 @@ def test_a_model_that_cannot_be_traced_is_named_in_the_error(tmp_path):
         export_model(Branchy(config=small_config()), tmp_path / "m.pt2")
     with pytest.raises(ConfigError, match=r"give a \.onnx or \.pt2"):
         export_model(CapsNet(config=small_config()), tmp_path / "m.tflite")
+
+
+def test_opsets_older_than_the_default_are_written_and_impossible_ones_refused(tmp_path):
+    pytest.importorskip("onnxruntime")
+    model = tiny("baseline")
+    for opset in (ex.MIN_OPSET, 17):
+        info = export_model(model, tmp_path / f"m{opset}.onnx", opset=opset)
+        assert info["opset"] == opset and info["max_abs_diff"] <= ex.ATOL
+    for opset in (0, ex.MIN_OPSET - 1, 10_000):
+        with pytest.raises(ConfigError, match=rf"opset {opset}: the installed onnx writes opsets {ex.MIN_OPSET} to"):
+            export_model(model, tmp_path / "bad.onnx", opset=opset)
+    assert not (tmp_path / "bad.onnx").exists()

@@ -179,9 +179,9 @@ def test_recipe_defaults():
     assert TrainConfig(model="hvc-capsnet").decay_per_epoch == 0.98
     assert TrainConfig(model="hvc-capsnet", lr_decay=0.9).decay_per_epoch == 0.9
     assert HVCCapsNet.default_batch_size == 120 and HVCCapsNetConfig().bn_momentum == 0.1
-    recipe = HVCCapsNet.default_augment["idx"]
-    assert str(resolve_augment("auto", "idx", model_default=recipe)) == "hvc"
-    assert str(resolve_augment("shift=2", "idx", model_default=recipe)) == "shift=2"  # --augment wins
+    recipes = HVCCapsNet.data_recipes
+    assert str(resolve_augment("auto", "idx", recipes=recipes)) == "hvc"
+    assert str(resolve_augment("shift=2", "idx", recipes=recipes)) == "shift=2"  # --augment wins
     assert str(resolve_augment("auto", "idx")) == "shift=2"  # other models: the data set's default
 
 

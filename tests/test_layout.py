@@ -1,6 +1,6 @@
 """The package layout: which subpackage may import which, read from the source with ast (nothing is imported).
 
-Layers, bottom up: the foundation modules (errors, fileio, config); nn; routing (nn); models (nn, routing); data
+Layers, bottom up: the foundation modules (errors, fileio, config, fetch); nn; routing (nn); models (nn, routing); data
 (foundation only); training (models, data, nn, routing); experiments and viz (training and below; not each
 other); cli (anything). On top, the package's `__init__` (the public API) and `__main__`: nothing imports them.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "capsnet"
-FOUNDATION = {"errors", "fileio", "config", "_version"}
+FOUNDATION = {"errors", "fileio", "config", "_version", "fetch"}
 
 BELOW_TRAINING = {"foundation", "nn", "routing", "models", "data", "training"}
 MAY_IMPORT: dict[str, set[str]] = {

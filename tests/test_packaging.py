@@ -110,3 +110,33 @@ def test_wheel_holds_the_shipped_weights_and_stays_small(wheel):
     assert code_size < CODE_BUDGET, f"code and data: {code_size / 2**20:.1f} MiB compressed"
     assert weights_size < WEIGHTS_BUDGET, f"shipped weights: {weights_size / 2**20:.1f} MiB"
     assert wheel.stat().st_size < CODE_BUDGET + WEIGHTS_BUDGET
+
+
+# -------------------------------------------------------------------------------------------- the torch range
+def test_pyproject_declares_the_torch_that_the_import_check_asks_for():
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    (low,) = re.findall(r'"torch>=([0-9.]+),<3"', text)
+    assert tuple(int(v) for v in low.split(".")) == capsnet._version.TORCH_MIN == (2, 4)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"any torch >= {low} " in readme and "torch >= 2.1" not in readme
+
+
+@pytest.mark.parametrize("version", ["2.3.1", "2.3.1+cu121", "2.1.0", "1.13.1"])
+def test_an_older_torch_is_refused_in_one_line(version):
+    with pytest.raises(ImportError, match=rf"^capsnet needs torch >= 2\.4, found torch {re.escape(version)};"):
+        capsnet._version.check_torch(version)
+
+
+@pytest.mark.parametrize("version", ["2.4.0", "2.4.0a0+git1234", "2.13.0+cpu", "3.0.0"])
+def test_torch_2_4_and_newer_pass(version):
+    capsnet._version.check_torch(version)
+
+
+def test_import_capsnet_on_an_older_torch_says_which_version_it_needs():
+    """`import capsnet` with torch.__version__ set to 2.3.1 before: one ImportError line, before any module that
+    uses 2.4's APIs is imported."""
+    code = "import torch; torch.__version__ = '2.3.1'\ntry:\n    import capsnet\nexcept ImportError as e:\n    print(e)"
+    code += "\nimport sys; print('capsnet.routing' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["capsnet needs torch >= 2.4, found torch 2.3.1; pip install 'torch>=2.4'", "False"]

@@ -6,9 +6,11 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
+import time
 
 import numpy as np
 import pytest
+import torch
 
 from capsnet.data import folder as folder_mod
 from capsnet.data import load_dataset, standins
@@ -416,3 +418,66 @@ def test_cifar10_and_smallnorb_download_by_name(mirror, monkeypatch, tmp_path):
     with pytest.raises(DatasetError, match="could not download svhn") as e:
         load_dataset("svhn", mirrors=[url])
     one_line(e)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("a decoder crash"), KeyboardInterrupt()])
+def test_image_folder_cache_leaves_no_temporary_file_on_an_error(tmp_path, monkeypatch, error):
+    pytest.importorskip("PIL")
+    root = standins.write_image_folder(tmp_path / "t", per_class=4)
+    real, calls = folder_mod._decode, []
+
+    def decode(*args):
+        calls.append(1)
+        if len(calls) == 5:
+            raise error
+        if len(calls) > 5:
+            time.sleep(0.1)  # (the ones after the failure are slow: the cancel comes first)
+        return real(*args)
+
+    monkeypatch.setattr(folder_mod, "_decode", decode)
+    with pytest.raises(type(error)):
+        load_dataset(str(root), workers=1)
+    (entry,) = (tmp_path / "cache" / "folders").iterdir()
+    assert sorted(p.name for p in entry.iterdir()) == []  # neither the temporary .images.<pid>.npy nor a partial entry
+    assert len(calls) < 27  # the files after the failure were cancelled (but those already started)
+    monkeypatch.setattr(folder_mod, "_decode", real)
+    assert len(load_dataset(str(root)).train) == 12  # and the next load builds the entry
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["images.npy missing", "ok.npy missing", "images.npy truncated", "images.npy wrong shape", "meta.json not JSON"],
+)
+def test_image_folder_cache_hit_is_checked_and_rebuilt(tmp_path, monkeypatch, damage):
+    pytest.importorskip("PIL")
+    root = standins.write_image_folder(tmp_path / "h", per_class=4)
+    first = load_dataset(str(root))
+    (entry,) = (tmp_path / "cache" / "folders").iterdir()
+    name, what = damage.split(" ", 1)
+    path = entry / name
+    if what == "missing":
+        path.unlink()
+    elif what == "truncated":
+        path.write_bytes(path.read_bytes()[:200])
+    elif what == "wrong shape":
+        np.save(path, np.zeros((5, 3, 20, 24), np.uint8))
+    else:
+        path.write_text("{")
+    again = load_dataset(str(root))  # rebuilt, not a traceback
+    assert torch.equal(again.train.images, first.train.images) and torch.equal(again.test.labels, first.test.labels)
+    assert sorted(p.name for p in entry.iterdir()) == ["images.npy", "meta.json", "ok.npy"]
+    monkeypatch.setattr(folder_mod, "_decode", lambda *a: pytest.fail("decoded again"))
+    assert torch.equal(load_dataset(str(root)).train.images, first.train.images)  # the rebuilt entry is a hit
+
+
+def test_fashion_mnist_is_not_a_digit_set_and_names_its_classes(tmp_path):
+    from helpers import write_digits
+
+    from capsnet.training.loop import TrainConfig
+    from capsnet.training.tasks import ClassificationTask
+
+    fashion = load_dataset(str(write_digits(tmp_path / "fashion-mnist", 20)))  # a folder of the set's own name
+    assert not fashion.digits and fashion.names[0] == "T-shirt/top" and fashion.names[9] == "Ankle boot"
+    assert load_dataset(str(write_digits(tmp_path / "my-digits", 20))).digits  # any other IDX folder: digits
+    task = ClassificationTask.from_config(TrainConfig(dataset=str(tmp_path / "fashion-mnist"), augment="shift=2,flip"))
+    assert task.spec.flip and task.model_fields()["class_names"][1] == "Trouser"  # flips are allowed

@@ -84,7 +84,8 @@ def test_a_run_folder_trained_otherwise_is_an_error(tmp_path):
     (["--model", "resnet"], "no Fashion-MNIST recipe for resnet"),
     (["--seeds", "0"], "--seeds must be >= 1"),
     (["--epochs", "0"], "--epochs must be >= 1"),
-    (["--dataset", "mnist"], "give --data-dir, not --dataset"),
+    (["--dataset", "mnist"], "--dataset mnist: not a folder"),
+    (["--affnist", "x"], "--affnist: an option of `capsnet reproduce affnist` only"),
     (["--device", "tpu"], "tpu"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
@@ -97,10 +98,27 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
 def test_fashion_options_are_refused_by_the_other_experiments(capsys):
     assert main(["reproduce", "mnist", "--seeds", "3"]) == 2
     assert "--seeds: options of `capsnet reproduce fashion-mnist` only" in capsys.readouterr().err
+    assert main(["reproduce", "mnist", "--epochs", "0"]) == 2
+    assert "--epochs must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_epochs_and_batch_size_size_every_experiment():
+    import argparse
+
+    from capsnet.cli.reproduce import _sized
+    from capsnet.experiments import image_sets
+    from capsnet.experiments.reproduce import setting_for
+
+    args = argparse.Namespace(epochs=2, batch_size=8)
+    sized = _sized(setting_for("mnist", quick=True), args)
+    assert (sized.epochs, sized.batch_size) == (2, 8) and sized.note.endswith("epochs 2, batch size 8 as given")
+    assert _sized(image_sets.setting_for("svhn", quick=True, out="o"), args).epochs == 2
+    unchanged = setting_for("mnist", quick=True)
+    assert _sized(unchanged, argparse.Namespace(epochs=None, batch_size=None)) is unchanged
 
 
 def _command(folder: Path, out: Path, *extra: str) -> list[str]:
-    return ["reproduce", "fashion-mnist", "--quick", "--model", "hvc-capsnet", "--data-dir", str(folder), "--out",
+    return ["reproduce", "fashion-mnist", "--quick", "--model", "hvc-capsnet", "--dataset", str(folder), "--out",
             str(out), "--device", "cpu", *extra]  # fmt: skip
 
 

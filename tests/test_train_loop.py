@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SMALL_FLAGS, small_config
+from helpers import SMALL_FLAGS, small_config, small_model_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from capsnet.models.baseline import BaselineCNN, BaselineConfig
+from capsnet.models.registry import MODELS
 from capsnet.training import hardware
 from capsnet.training import tasks as tasks_module
 from capsnet.training.checkpoint import get_rng_states, load_state, set_rng_states
@@ -80,15 +81,15 @@ def test_the_training_step_never_reads_the_device(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["capsnet", "baseline"])
+@pytest.mark.parametrize("model", list(MODELS))
 def test_no_host_reads_between_steps(tmp_path, model):
-    """In a whole run (batches, augmentation, step, running sums, stop checks), nothing reads the device between
-    one step's end and the next: the reads all fall at the epoch's end (sums, evaluation, checkpoint)."""
-    config = _run_config(tmp_path, model, train_subset=192, model=model)  # 6 steps
+    """For every registered model, in a whole run (batches, augmentation, step, running sums, stop checks), nothing
+    reads the device between one step's end and the next: the reads all fall at the epoch's end (sums, evaluation,
+    checkpoint), and before the first step (a data-dependent initialisation)."""
+    config = _run_config(tmp_path, model, train_subset=48, test_subset=16, batch_size=8, model=model)  # 6 steps
     counts = []
     with HostSyncs() as syncs:
-        train(config, small_config() if model == "capsnet" else SMALL_BASELINE, on_step=lambda _: counts.append(
-            syncs.count) and False)  # fmt: skip
+        train(config, small_model_config(model), on_step=lambda _: counts.append(syncs.count) and False)
         total = syncs.count
     assert len(counts) == 6 and counts == [counts[0]] * 6, counts
     assert total > counts[-1]  # (the epoch's end does read, and the counter sees it)

@@ -272,3 +272,19 @@ def test_confusion_matrix_counts_predictions_as_evaluate_does(run_dir):
     for y, p in zip(test.labels[:20].tolist(), pred.tolist()):
         expected[y, p] += 1
     assert cm.dtype == torch.long and torch.equal(cm, expected)
+
+
+def test_image_folders_are_read_at_the_models_recorded_size_and_channels(tmp_path):
+    """The folder's images are 20x24 RGB; the model was trained on them converted to 16x16 grey: visualize converts
+    them so, as evaluate does (the same function), instead of refusing the folder's own size."""
+    from capsnet.data import standins
+    from capsnet.models.baseline import BaselineCNN
+    from capsnet.training.evaluate import evaluate_checkpoint
+
+    root = standins.write_image_folder(tmp_path / "imgs", per_class=4)
+    BaselineCNN(in_channels=1, image_size=16, n_classes=3, channels=(4, 4), hidden=(8, 8)).save_pretrained(
+        tmp_path / "model"
+    )
+    written = visualize(tmp_path / "model", tmp_path / "out", dataset=str(root), n=2, log=lambda _: None)
+    assert written["confusion"].is_file()
+    assert evaluate_checkpoint(tmp_path / "model", dataset=str(root))["n"] == 6

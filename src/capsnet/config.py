@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import types
 import typing
 import warnings
@@ -102,6 +103,8 @@ def to_dict(obj: Any) -> dict[str, Any]:
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML or JSON config file into a dict."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: a folder, not a config file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     text = path.read_text(encoding="utf-8")
@@ -113,7 +116,10 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML ({e})") from None
+            mark = getattr(e, "problem_mark", None)  # where the parser stopped
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            what = getattr(e, "problem", None) or type(e).__name__
+            raise ConfigError(f"{path}: not valid YAML ({what}{where})") from None
     else:
         try:
             data = json.loads(text)
@@ -160,9 +166,22 @@ def add_field_argument(group: Any, name: str, tp: Any, help_text: str) -> None:
         group.add_argument(_flag(name), choices=list(typing.get_args(tp)), **kwargs)
     elif origin in (tuple, list):
         (inner, *_) = typing.get_args(tp)
+        inner = finite_float if inner is float else inner
         group.add_argument(_flag(name), type=inner, nargs="+", metavar=name.upper(), **kwargs)
     else:
+        tp = finite_float if tp is float else tp
         group.add_argument(_flag(name), type=tp, metavar=name.split("_")[-1].upper(), **kwargs)
+
+
+def finite_float(text: str) -> float:
+    """A float flag's value: a finite number (nan and inf are usage errors)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def dataclass_from_args(cls: type[T], args: argparse.Namespace, base: dict[str, Any] | None = None) -> T:

@@ -11,6 +11,15 @@ class DatasetError(CapsNetError):
     """A data set is missing, truncated, corrupt or inconsistent."""
 
 
+class DownloadError(CapsNetError):
+    """A download failed on every try (:func:`capsnet.fetch.fetch_url`). `url` is what was fetched; `permanent`
+    says that asking this URL again cannot help (HTTP 404, an unknown host), as opposed to running out of tries."""
+
+    def __init__(self, message: str, *, url: str = "", permanent: bool = False):
+        super().__init__(message)
+        self.url, self.permanent = url, permanent
+
+
 class CheckpointError(CapsNetError):
     """A checkpoint or pretrained folder is missing, corrupt or does not match its config."""
 

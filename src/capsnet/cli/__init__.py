@@ -1,7 +1,7 @@
 """The `capsnet` command line: one module per subcommand in this package, each registering its own parser.
 
-Every error capsnet raises on purpose (`CapsNetError`) ends as one line on stderr and exit status 2;
-Ctrl-C ends with status 130.
+Every error capsnet raises on purpose (`CapsNetError`), a file that cannot be read or written (`OSError`, with its
+path) and running out of GPU memory end as one line on stderr and exit status 2; Ctrl-C ends with status 130.
 
 May import: anything in capsnet (it is the top layer); nothing in capsnet imports cli.
 """
@@ -13,6 +13,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
+
+import torch
 
 from .._version import __version__
 from ..errors import CapsNetError
@@ -29,6 +31,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("reproduce", "capsnet.cli.reproduce"),
     ("models", "capsnet.cli.models"),
     ("export", "capsnet.cli.export"),
+    ("convert", "capsnet.cli.convert"),
 ]
 
 
@@ -57,11 +60,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except CapsNetError as e:
-        print(f"capsnet {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return _error(args.command, str(e))
+    except OSError as e:  # a path that cannot be read or written (missing, a file for a folder, no permission, ...)
+        return _error(args.command, os_error_line(e))
+    except torch.cuda.OutOfMemoryError:
+        return _error(args.command, "out of GPU memory; try a smaller --batch-size (or --eval-batch-size)")
     except KeyboardInterrupt:
         print(f"capsnet {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _error(command: str, message: str) -> int:
+    """One line on stderr (a message of several lines is joined into one) and exit status 2."""
+    line = " ".join(part.strip() for part in message.splitlines() if part.strip())
+    print(f"capsnet {command}: error: {line}", file=sys.stderr)
+    return 2
+
+
+def os_error_line(e: OSError) -> str:
+    """`PATH: Permission denied` (both paths of a rename or link), or the error's own text when it names none."""
+    if e.filename is None or not e.strerror:
+        return str(e) or type(e).__name__
+    paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
+    if isinstance(e, (FileExistsError, NotADirectoryError)):  # mkdir: a file stands where a folder should be
+        return f"{paths}: {e.strerror} (a file is in the way of a folder)"
+    return f"{paths}: {e.strerror}"
 
 
 if __name__ == "__main__":  # pragma: no cover

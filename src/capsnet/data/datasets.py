@@ -8,20 +8,54 @@ memory-mapped) as uint8 tensors and converted to float on the training device, b
 
 from __future__ import annotations
 
+import collections
 import os
+import threading
 from pathlib import Path
 
 from ..errors import DatasetError
 from . import sources
-from .download import DATASETS, cache_root, missing_files_message
+from .download import DATASETS, cache_root, missing_files_message, optional_files
 from .download import download as _download
 from .split import Dataset
 
 BUNDLED = "mnist-sample"
 _BUNDLED_DIR = Path(__file__).resolve().parent / "files" / BUNDLED
 
-# Loaded sets by folder, keyed with file sizes and mtimes so an edited folder is read afresh.
-_CACHE: dict[tuple, Dataset] = {}
+# The sets loaded last, by folder, keyed with file sizes and mtimes so an edited folder is read afresh: at most
+# CACHE_SETS of them and CACHE_BYTES of images in all, the least recently used dropped first (a set larger than
+# CACHE_BYTES is not kept). Loading the same set again (evaluate after train, a notebook cell run twice) is then free,
+# while a process that goes through many sets holds only the last few.
+CACHE_SETS = 4
+CACHE_BYTES = 1 << 30
+_CACHE: collections.OrderedDict[tuple, Dataset] = collections.OrderedDict()
+_CACHE_LOCK = threading.Lock()  # (threads may load sets at once)
+
+
+def _nbytes(ds: Dataset) -> int:
+    splits = [s for s in (ds.train, ds.test) if s is not None]
+    return sum(s.images.nbytes + s.labels.nbytes for s in splits)
+
+
+def _remember(key: tuple, ds: Dataset) -> None:
+    with _CACHE_LOCK:
+        _CACHE[key] = ds
+        while _CACHE and (len(_CACHE) > CACHE_SETS or sum(map(_nbytes, _CACHE.values())) > CACHE_BYTES):
+            _CACHE.popitem(last=False)
+
+
+def _recall(key: tuple) -> Dataset | None:
+    with _CACHE_LOCK:
+        if key not in _CACHE:
+            return None
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+
+
+def clear_cache() -> None:
+    """Forget every set loaded so far (their memory is freed once nothing else refers to them)."""
+    with _CACHE_LOCK:
+        _CACHE.clear()
 
 
 def _load_cached(folder: Path, *, name: str, source: str, fmt: str | None = None, **options) -> Dataset:
@@ -37,9 +71,12 @@ def _load_cached(folder: Path, *, name: str, source: str, fmt: str | None = None
         files = sorted(p for d in dirs if d.is_dir() for p in d.iterdir() if p.is_file())
     stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     key = (str(folder.resolve()), name, source, fmt, tuple(sorted(options.items())), stamp)
-    if key not in _CACHE:
-        _CACHE[key] = sources.load(folder, fmt, name=name, source=source, **options)
-    return _CACHE[key]
+    hit = _recall(key)
+    if hit is not None:
+        return hit
+    ds = sources.load(folder, fmt, name=name, source=source, **options)
+    _remember(key, ds)
+    return ds
 
 
 def resolve(
@@ -77,6 +114,13 @@ def resolve(
     raise DatasetError(f"{name_or_dir}: neither a folder nor a known data set (known: {known})")
 
 
+def dataset_format(name_or_dir: str = BUNDLED, *, data_dir: str | None = None, cache_dir: str | None = None) -> str:
+    """The format (capsnet.data.sources.FORMATS) that `load_dataset` would read, found without loading or
+    downloading anything: from the files' content, or for a known set not yet downloaded, its registry entry."""
+    name, folder, _ = resolve(name_or_dir, data_dir=data_dir, cache_dir=cache_dir)
+    return sources.detect(folder) if folder is not None else sources.known_format(name)
+
+
 def load_dataset(
     name_or_dir: str = BUNDLED,
     *,
@@ -92,9 +136,12 @@ def load_dataset(
     cache. `options` go to the reader (:func:`capsnet.data.sources.load`): for image folders image_size ("H" or
     "HxW"), channels (1|3), test_fraction, seed, strict; for SVHN extra=True."""
     name, folder, source = resolve(name_or_dir, data_dir=data_dir, cache_dir=cache_dir)
-    if folder is None:
-        folder = Path(source)
+    # Optional files the options ask for (SVHN's extra): fetched into the cache folder when it lacks them.
+    optional = optional_files(name, options) if data_dir is None else {}
+    in_cache = folder is None or folder == cache_root(cache_dir) / name
+    if folder is None or (in_cache and not all((folder / f).is_file() for f in optional)):
+        folder = Path(source) if folder is None else folder
         if not download:
             raise DatasetError(f"{name} is not downloaded (download disabled); " + missing_files_message(name, folder))
-        _download(name, folder, mirrors=mirrors)
+        _download(name, folder, mirrors=mirrors, optional=optional)
     return _load_cached(folder, name=name, source=source, **options)

@@ -1,23 +1,22 @@
-"""Known downloadable data sets, their checksums and mirrors, and a careful downloader.
+"""Known downloadable data sets, their checksums and mirrors, and how a set is downloaded into the cache.
 
-Downloads use `urllib` only, verify each file's MD5 before it lands in the cache, write atomically
-(a killed download never leaves a half file behind), retry a few times with backoff and then move
-on to the next mirror.
+Each file comes through :func:`capsnet.fetch.fetch_url` (urllib only): checked against its Content-Length and MD5
+before it lands in the cache, written atomically (a failed or killed download never leaves a partial file),
+retried TRIES_PER_MIRROR times with backoff on any fault another try may get past (a dropped connection, a cut
+body, a timeout, wrong bytes), then fetched from the next mirror. A set is downloaded by one process at a time
+(a lock file beside its cache folder): under torchrun the first rank on a machine fetches and unpacks it, and the
+others wait, then find it there.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import socket
 import tarfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ..errors import DatasetError
+from ..errors import DatasetError, DownloadError
+from ..fetch import fetch_url, file_digest, file_lock
 from ..fileio import atomic_open
 
 # The four files of an MNIST-format data set, in the order they are fetched and listed.
@@ -35,19 +34,6 @@ FILE_NAMES: tuple[str, ...] = (
 # - Fashion-MNIST: github.com/zalandoresearch/fashion-mnist README (file table with MD5s) and
 #   torchvision's `FashionMNIST.resources`.
 # - KMNIST: github.com/rois-codh/kmnist and torchvision's `KMNIST.resources`.
-# Fashion-MNIST's label names, in label order (github.com/zalandoresearch/fashion-mnist README).
-FASHION_CLASSES = (
-    "T-shirt/top",
-    "Trouser",
-    "Pullover",
-    "Dress",
-    "Coat",
-    "Sandal",
-    "Shirt",
-    "Sneaker",
-    "Bag",
-    "Ankle boot",
-)
 DATASETS: dict[str, dict[str, Any]] = {
     "mnist": {
         "files": {
@@ -75,9 +61,21 @@ DATASETS: dict[str, dict[str, Any]] = {
             "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
         ],
         "counts": (60000, 10000),
-        # Clothing, not digits (left-right flips keep the class); the label names of the upstream README.
+        # Not digits: left-right flips keep the class, and `predict` does not box images as MNIST's. The class names
+        # of the Fashion-MNIST README's label table.
         "digits": False,
-        "class_names": FASHION_CLASSES,
+        "class_names": (
+            "T-shirt/top",
+            "Trouser",
+            "Pullover",
+            "Dress",
+            "Coat",
+            "Sandal",
+            "Shirt",
+            "Sneaker",
+            "Bag",
+            "Ankle boot",
+        ),
         # Debian's dataset-fashion-mnist (0.0~git20200523.55506a9-1) installs the same four file
         # names here, but recompressed: its gz files have other MD5s (listed below, computed from
         # that package) while the IDX content is the upstream one.
@@ -133,6 +131,7 @@ DATASETS: dict[str, dict[str, Any]] = {
             "test_32x32.mat": "eb5a983be6a315427106f1b164d9cef3",
         },
         "optional": {"extra_32x32.mat": "a93ce644f1a588dc4d68dda5feec44a7"},
+        "options": {"extra": ["extra_32x32.mat"]},  # load_dataset("svhn", extra=True) needs the optional file
         "mirrors": ["http://ufldl.stanford.edu/housenumbers/"],
         "counts": (73257, 26032),
     },
@@ -183,11 +182,7 @@ def mirror_list(name: str, mirrors: list[str] | None = None) -> list[str]:
 
 
 def md5_file(path: str | os.PathLike) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_digest(path)
 
 
 def known_md5s(file_name: str) -> dict[str, str]:
@@ -202,55 +197,26 @@ def known_md5s(file_name: str) -> dict[str, str]:
     return out
 
 
-class _BadChecksum(Exception):
-    pass
-
-
-def _fetch_once(url: str, dest: Path, md5: str) -> None:
-    """Stream `url` into `dest` atomically; the file only appears if its MD5 is `md5`."""
-    req = urllib.request.Request(url, headers={"User-Agent": "capsnet"})
-    with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp, atomic_open(dest, "wb") as out:
-        h = hashlib.md5()
-        for chunk in iter(lambda: resp.read(_CHUNK), b""):
-            h.update(chunk)
-            out.write(chunk)
-        if h.hexdigest() != md5:
-            # Raising inside atomic_open deletes the temporary file: a bad download never lands.
-            raise _BadChecksum(f"MD5 {h.hexdigest()} != expected {md5}")
-
-
 def fetch(file_name: str, dest: Path, md5: str, mirrors: list[str]) -> list[str]:
-    """Download one file from the first mirror that serves it with the right MD5.
-
-    Returns [] on success, else one message per mirror saying why it failed.
-    """
+    """Download one file from the first mirror that serves it whole and with the right MD5, TRIES_PER_MIRROR tries
+    each. Returns [] on success, else one message per mirror saying why it failed."""
     problems = []
     for base in mirrors:
-        url = base + file_name
-        for attempt in range(TRIES_PER_MIRROR):
-            try:
-                _fetch_once(url, dest, md5)
-                return []
-            except _BadChecksum as e:
-                problems.append(f"{url}: {e}")
-                break  # a mirror that serves wrong bytes will not get better by asking again
-            except urllib.error.HTTPError as e:
-                if e.code < 500:  # 404, 403: permanent for this mirror
-                    problems.append(f"{url}: HTTP {e.code} {e.reason}")
-                    break
-                err = f"HTTP {e.code} {e.reason}"
-            except (urllib.error.URLError, OSError, ValueError) as e:
-                reason = getattr(e, "reason", e)
-                if isinstance(reason, socket.gaierror) or isinstance(e, ValueError):
-                    # Unknown host (typically: offline) or a malformed URL: retrying cannot help.
-                    problems.append(f"{url}: {reason}")
-                    break
-                err = str(reason)
-            if attempt + 1 == TRIES_PER_MIRROR:
-                problems.append(f"{url}: {err} (after {TRIES_PER_MIRROR} tries)")
-            else:
-                time.sleep(RETRY_BACKOFF_S * 2**attempt)
+        try:
+            fetch_url(base + file_name, dest, md5=md5, retries=TRIES_PER_MIRROR, timeout=TIMEOUT_S,
+                      backoff=RETRY_BACKOFF_S)  # fmt: skip
+            return []
+        except DownloadError as e:
+            problems.append(str(e))
     return problems
+
+
+def optional_files(name: str, options: dict[str, Any]) -> dict[str, str]:
+    """The optional files of known set `name` (file name -> MD5) that the load `options` ask for, e.g. SVHN's
+    extra_32x32.mat for extra=True."""
+    info = DATASETS.get(name, {})
+    wanted = [f for option, files in info.get("options", {}).items() if options.get(option) for f in files]
+    return {f: info["optional"][f] for f in wanted}
 
 
 def missing_files_message(name: str, folder: Path) -> str:
@@ -261,25 +227,31 @@ def missing_files_message(name: str, folder: Path) -> str:
     )
 
 
-def download(name: str, folder: Path, *, mirrors: list[str] | None = None) -> None:
-    """Fetch the files of known set `name` that `folder` lacks; DatasetError if any cannot be had."""
+def download(
+    name: str, folder: Path, *, mirrors: list[str] | None = None, optional: dict[str, str] | None = None
+) -> None:
+    """Fetch the files of known set `name` (and the `optional` ones asked for, name -> MD5) that `folder` lacks;
+    DatasetError if any cannot be had. One process at a time per folder: a process that waited for another finds
+    the files there and fetches nothing."""
     urls = mirror_list(name, mirrors)
-    for file_name, md5 in DATASETS[name]["files"].items():
-        dest = folder / file_name
-        members = DATASETS[name].get("extract", {}).get(file_name)
-        if members is not None and all((folder / m).is_file() for m in members):
-            continue
-        if members is None and (dest.exists() or (folder / file_name.removesuffix(".gz")).exists()):
-            continue
-        problems = fetch(file_name, dest, md5, urls)
-        if problems:
-            raise DatasetError(
-                f"could not download {name} ({file_name}: {'; '.join(problems)}); "
-                + missing_files_message(name, folder)
-            )
-        if members is not None:
-            extract_members(dest, folder, members)
-            dest.unlink()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(folder.parent / f".{folder.name}.lock"):
+        for file_name, md5 in {**DATASETS[name]["files"], **(optional or {})}.items():
+            dest = folder / file_name
+            members = DATASETS[name].get("extract", {}).get(file_name)
+            if members is not None and all((folder / m).is_file() for m in members):
+                continue
+            if members is None and (dest.exists() or (folder / file_name.removesuffix(".gz")).exists()):
+                continue
+            problems = fetch(file_name, dest, md5, urls)
+            if problems:
+                raise DatasetError(
+                    f"could not download {name} ({file_name}: {'; '.join(problems)}); "
+                    + missing_files_message(name, folder)
+                )
+            if members is not None:
+                extract_members(dest, folder, members)
+                dest.unlink(missing_ok=True)
 
 
 def extract_members(archive: Path, folder: Path, members: list[str]) -> None:

@@ -18,6 +18,7 @@ first few paths; `strict=True` makes it an error. Pillow is the optional extra `
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -187,7 +188,8 @@ def _warn_skipped(skipped: list[str], strict: bool, root: Path) -> None:
 
 
 def _decode_all(files, size, channels, workers, dest: Path | None) -> tuple[np.ndarray, np.ndarray]:
-    """Decode every file into uint8 [N, C, H, W] (a .npy memmap at `dest` when given) and a readable mask."""
+    """Decode every file into uint8 [N, C, H, W] (a .npy memmap at `dest` when given) and a readable mask. On an
+    exception or Ctrl-C the files not yet started are cancelled, so it returns at once (the caller cleans up)."""
     shape = (len(files), channels, *size)
     out = np.lib.format.open_memmap(dest, mode="w+", dtype=np.uint8, shape=shape) if dest else np.empty(shape, np.uint8)
     ok = np.zeros(len(files), dtype=bool)
@@ -197,20 +199,38 @@ def _decode_all(files, size, channels, workers, dest: Path | None) -> tuple[np.n
         if arr is not None:
             out[i], ok[i] = arr, True
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
         list(pool.map(work, range(len(files))))
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)  # the few running decodes finish; the queued ones never start
+        raise
+    pool.shutdown(wait=True)
     return out, ok
+
+
+def _read_cache(cache: Path, n_files: int) -> tuple[np.ndarray, np.ndarray, list[int]] | None:
+    """(images, ok mask, [C, H, W]) of a complete cache entry for `n_files` files; None when the entry is absent or
+    does not hold what its meta.json says (a file missing, truncated or of another shape): it is then rebuilt."""
+    try:
+        meta = json.loads((cache / "meta.json").read_text(encoding="utf-8"))
+        target = [int(v) for v in meta["shape"]]
+        images = np.load(cache / "images.npy", mmap_mode="c")
+        ok = np.load(cache / "ok.npy")
+    except (OSError, ValueError, KeyError, TypeError, EOFError):  # absent, unreadable or not what was written
+        return None
+    if meta.get("files") != n_files or len(target) != 3 or images.dtype != np.uint8 or ok.dtype != bool:
+        return None
+    if images.shape != (n_files, *target) or ok.shape != (n_files,):
+        return None
+    return (np.array(images) if images.nbytes <= MMAP_BYTES else images), ok, target
 
 
 def _decode_cached(root, files, size, channels, workers, cache: Path) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """(images, ok mask, target [C, H, W]) from the cache folder, decoding and writing it on a miss."""
-    meta_path = cache / "meta.json"
-    if meta_path.is_file():
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        images = np.load(cache / "images.npy", mmap_mode="c")
-        if images.nbytes <= MMAP_BYTES:
-            images = np.array(images)
-        return images, np.load(cache / "ok.npy"), meta["shape"]
+    hit = _read_cache(cache, len(files))
+    if hit is not None:
+        return hit
     with ThreadPoolExecutor(max_workers=workers) as pool:
         probes = list(pool.map(_probe, files))
     readable = [p for p in probes if p is not None]
@@ -218,22 +238,31 @@ def _decode_cached(root, files, size, channels, workers, cache: Path) -> tuple[n
         raise DatasetError(f"{root}: none of the {len(files)} image files can be read")
     size = size or collections.Counter(p[:2] for p in readable).most_common(1)[0][0]
     channels = channels or collections.Counter(p[2] for p in readable).most_common(1)[0][0]
+    probed = np.array([p is not None for p in probes])
+    tmp = cache / f".images.{os.getpid()}.npy"
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        tmp = cache / f".images.{os.getpid()}.npy"
+        (cache / "meta.json").unlink(missing_ok=True)  # an entry that failed its check is incomplete until rewritten
         images, ok = _decode_all(files, size, channels, workers, tmp)
         if isinstance(images, np.memmap):  # (always, with a cache folder)
             images.flush()
-        ok &= np.array([p is not None for p in probes])
+        del images  # (the memmap's file is moved next)
+        ok &= probed
         os.replace(tmp, cache / "images.npy")
         with atomic_open(cache / "ok.npy", "wb") as f:
             np.save(f, ok)
         with atomic_open(cache / "meta.json", "w") as f:  # written last: its presence marks a complete entry
             json.dump({"shape": [channels, *size], "root": str(root), "files": len(files)}, f)
-        return _decode_cached(root, files, None, None, workers, cache)
-    except OSError:  # a read-only cache folder: decode into memory, uncached
+    except OSError:  # a read-only cache folder (or a full disk): decode into memory, uncached
         images, ok = _decode_all(files, size, channels, workers, None)
-        return images, ok & np.array([p is not None for p in probes]), [channels, *size]
+        return images, ok & probed, [channels, *size]
+    finally:  # every way out (an exception, Ctrl-C) leaves no temporary file behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    hit = _read_cache(cache, len(files))
+    if hit is None:
+        raise DatasetError(f"{cache}: the decoded images written there cannot be read back")
+    return hit
 
 
 def load_folder(

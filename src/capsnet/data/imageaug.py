@@ -106,6 +106,10 @@ class AugmentSpec:
     brightness: float = 0.0  # max |delta|, in units of the [0, 1] range
     contrast: tuple[float, float] = (1.0, 1.0)  # range of the contrast factor
     standardize: bool = False  # per-image standardization (done by the model: its config records it)
+    divisor: float = 255.0  # uint8 pixels are divided by this (Efficient-CapsNet's MNIST code: 256)
+    # Per-channel standardization with the split's own statistics, before the crops (capsnet.data.scaling; the
+    # Efficient-CapsNet code's smallNORB input). Brightness is then in standard deviations, and nothing is clipped.
+    channel_standardize: bool = False
     rotate: float = 0.0  # random rotation of up to ± this many degrees (not the paper's)
     zoom: tuple[float, float] = (1.0, 1.0)  # range of a random scale factor (not the paper's)
     # Byerly et al.'s MNIST augmentation (capsnet.data.hvc_augment), applied first; "hvc" sets all four
@@ -119,28 +123,34 @@ class AugmentSpec:
             raise ConfigError(f"augmentation {self}: need rotate >= 0 and 0 < zoom lo <= hi")
         if min(self.hvc_rotate, self.hvc_squish, self.hvc_erase) < 0:
             raise ConfigError(f"augmentation {self}: need hvc-rotate, hvc-squish and hvc-erase >= 0")
+        if self.channel_standardize and (self.hvc_rotate or self.hvc_shift or self.hvc_squish or self.hvc_erase):
+            raise ConfigError(f"augmentation {self}: the hvc items work on [0, 1] images, not with channel-standardize")
         lo, hi = self.contrast
         if self.shift < 0 or self.brightness < 0 or not 0 <= lo <= hi:
             raise ConfigError(f"augmentation {self}: need shift >= 0, brightness >= 0 and 0 <= contrast lo <= hi")
         if self.crop is not None and min(self.crop) < 1:
             raise ConfigError(f"augmentation crop must be positive, got {self.crop}")
+        if not self.divisor > 0:
+            raise ConfigError(f"augmentation divisor must be > 0, got {self.divisor}")
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """The training augmentation of a float batch [B, C, H, W] in [0, 1]; the result is clamped to [0, 1]."""
+        """The training augmentation of a float batch [B, C, H, W] in [0, 1], the result clamped to [0, 1]; with
+        `channel_standardize`, of a standardized batch, not clamped (as the Efficient-CapsNet code)."""
+        lo, hi = (-torch.inf, torch.inf) if self.channel_standardize else (0.0, 1.0)
         if self.hvc_rotate or self.hvc_shift or self.hvc_squish or self.hvc_erase:
             x = hvc_augment.hvc_augment(x, rotate=self.hvc_rotate, shift=self.hvc_shift, squish=self.hvc_squish,
                                         erase=self.hvc_erase, generator=generator)  # fmt: skip
         if self.crop is not None:
             x = random_crop(x, self.crop, generator=generator)
         if self.rotate or self.zoom != (1.0, 1.0):
-            x = random_rotate_zoom(x, self.rotate, self.zoom, generator=generator).clamp_(0.0, 1.0)
+            x = random_rotate_zoom(x, self.rotate, self.zoom, generator=generator).clamp_(lo, hi)
         if self.shift:
             x = random_shift(x, self.shift, generator=generator)
         if self.flip:
             x = random_flip(x, generator=generator)
         if self.brightness or self.contrast != (1.0, 1.0):
             x = random_brightness(x, self.brightness, generator=generator)
-            x = random_contrast(x, *self.contrast, generator=generator).clamp_(0.0, 1.0)
+            x = random_contrast(x, *self.contrast, generator=generator).clamp_(lo, hi)
         return x
 
     def output_size(self, height: int, width: int) -> tuple[int, int]:
@@ -175,13 +185,17 @@ class AugmentSpec:
             parts.append(f"contrast={self.contrast[0]:g}:{self.contrast[1]:g}")
         if self.standardize:
             parts.append("standardize")
+        if self.divisor != 255:
+            parts.append(f"divisor={self.divisor:g}")
+        if self.channel_standardize:
+            parts.append("channel-standardize")
         return ",".join(parts) or "none"
 
     @classmethod
     def parse(cls, text: str) -> AugmentSpec:
         """The inverse of str(): "none", or a comma list of shift=N, crop=H[xW], flip, brightness=D,
-        contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, and Byerly et al.'s hvc (= hvc-rotate=30, hvc-shift,
-        hvc-squish=7, hvc-erase=4)."""
+        contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, divisor=D, channel-standardize, and Byerly et al.'s
+        hvc (= hvc-rotate=30, hvc-shift, hvc-squish=7, hvc-erase=4)."""
         spec: dict = {}
         for item in (t.strip() for t in text.split(",")):
             key, _, value = item.partition("=")
@@ -190,7 +204,7 @@ class AugmentSpec:
                     continue
                 if item == "hvc":
                     spec.update({f"hvc_{k}": v for k, v in hvc_augment.PAPER.items()})
-                elif key in ("flip", "standardize", "hvc-shift") and not value:
+                elif key in ("flip", "standardize", "channel-standardize", "hvc-shift") and not value:
                     spec[key.replace("-", "_")] = True
                 elif key in ("hvc-squish", "hvc-erase"):
                     spec[key.replace("-", "_")] = int(value)
@@ -203,8 +217,8 @@ class AugmentSpec:
                     spec["crop"] = (sides[0], sides[-1]) if len(sides) <= 2 else None
                     if spec["crop"] is None:
                         raise ValueError(value)
-                elif key == "brightness":
-                    spec["brightness"] = float(value)
+                elif key in ("brightness", "divisor"):
+                    spec[key] = float(value)
                 elif key in ("contrast", "zoom"):
                     lo, hi = value.split(":")
                     spec[key] = (float(lo), float(hi))
@@ -215,8 +229,8 @@ class AugmentSpec:
             except ValueError:
                 raise ConfigError(
                     f"augmentation {text!r}: cannot read {item!r}; use none or a comma list of shift=N, crop=H[xW], "
-                    "flip, brightness=D, contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, hvc (or hvc-rotate=DEG, "
-                    "hvc-shift, hvc-squish=N, hvc-erase=N)"
+                    "flip, brightness=D, contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, divisor=D, "
+                    "channel-standardize, hvc (or hvc-rotate=DEG, hvc-shift, hvc-squish=N, hvc-erase=N)"
                 ) from None
         return cls(**spec)
 
@@ -240,13 +254,13 @@ DEFAULTS: dict[str, AugmentSpec] = {
 }
 
 
-def resolve_augment(text: str, kind: str, *, shift: int = 2, model_default: str | None = None) -> AugmentSpec:
-    """ "auto": the model's own augmentation for data format `kind` when it has one (`model_default`, e.g.
-    hvc-capsnet's "hvc" on MNIST-format sets), else the default of `kind` (its 2 px shift replaced by `shift`,
-    TrainConfig.shift); otherwise :meth:`AugmentSpec.parse`."""
+def resolve_augment(text: str, kind: str, *, shift: int = 2, recipes: dict[str, dict[str, str]] | None = None
+                    ) -> AugmentSpec:  # fmt: skip
+    """ "auto": the model's own recipe for data format `kind` (`recipes`, a model class's `data_recipes`), else
+    the format's default, its 2 px shift replaced by `shift` (TrainConfig.shift); otherwise
+    :meth:`AugmentSpec.parse`."""
     if text != "auto":
         return AugmentSpec.parse(text)
-    if model_default is not None:
-        return AugmentSpec.parse(model_default)
-    spec = DEFAULTS.get(kind, DEFAULTS["folder"])
+    recipe = (recipes or {}).get(kind, {}).get("augment")
+    spec = AugmentSpec.parse(recipe) if recipe is not None else DEFAULTS.get(kind, DEFAULTS["folder"])
     return spec.replace(shift=shift) if spec.shift else spec

@@ -10,16 +10,21 @@ A binary matrix is: magic (int32, little-endian; 0x1E3D4C55 ubyte, 0x1E3D4C54 in
 max(3, ndim) int32 dimensions (unused ones are 1), then the data, little-endian, row-major.
 
 The images are downsampled to 48×48 as the capsule paper's official code does (it resizes smallNORB to 48×48 and
-then crops 32×32 patches); here by averaging 2×2 blocks.
+then crops 32×32 patches); here by averaging 2×2 blocks. Other sides (`size`): a divisor of 96 by averaging
+blocks likewise, any other by half-pixel bilinear interpolation without antialiasing, as TensorFlow's
+`tf.image.resize` (the Efficient-CapsNet code's 96 → 64), rounded back to uint8. A resized split carries the
+per-channel mean and std of its 96×96 originals (`Split.channel_stats`), the statistics that code standardizes with.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ..errors import DatasetError
 from .arrays import finish, make_split, read_bytes
@@ -72,15 +77,41 @@ def detect(folder: Path) -> bool:
 
 
 def downsample(images: np.ndarray, size: int = SIZE) -> np.ndarray:
-    """uint8 [N, C, H, W] -> [N, C, size, size] by averaging (H/size)×(W/size) blocks (H, W multiples of size)."""
+    """uint8 [N, C, H, W] -> [N, C, size, size] by averaging (H/size)×(W/size) blocks (H, W multiples of size),
+    or else by :func:`resize_bilinear`."""
     n, c, h, w = images.shape
     if (h, w) == (size, size):
         return images
     if h % size or w % size:
-        raise DatasetError(f"smallNORB images are {h}×{w}, not a multiple of {size}×{size}")
+        return resize_bilinear(images, size)
     fh, fw = h // size, w // size
     blocks = images.reshape(n, c, size, fh, size, fw).astype(np.uint16)
     return ((blocks.sum(axis=(3, 5)) + (fh * fw) // 2) // (fh * fw)).astype(np.uint8)
+
+
+def resize_bilinear(images: np.ndarray, size: int, *, chunk: int = 512) -> np.ndarray:
+    """uint8 [N, C, H, W] -> [N, C, size, size]: half-pixel bilinear interpolation without antialiasing (source
+    coordinate (i + ½)·H/size − ½, clamped at the edges; tf.image.resize's bilinear default), rounded to uint8."""
+    out = np.empty((*images.shape[:2], size, size), dtype=np.uint8)
+    for start in range(0, len(images), chunk):
+        x = torch.tensor(images[start : start + chunk], dtype=torch.float32)  # (a copy: the bytes are read-only)
+        y = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+        out[start : start + chunk] = y.round_().clamp_(0, 255).to(torch.uint8).numpy()
+    return out
+
+
+def pixel_stats(images: np.ndarray, *, chunk: int = 1024) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and population std of uint8 images [N, C, H, W], in float64."""
+    c = images.shape[1]
+    total, squares = np.zeros(c), np.zeros(c)
+    for start in range(0, len(images), chunk):
+        x = images[start : start + chunk].astype(np.float64)
+        total += x.sum(axis=(0, 2, 3))
+        squares += np.square(x).sum(axis=(0, 2, 3))
+    n = max(1, images.shape[0] * images.shape[2] * images.shape[3])
+    mean = total / n
+    std = np.sqrt(np.maximum(squares / n - mean * mean, 0.0))
+    return tuple(float(v) for v in mean), tuple(float(v) for v in std)
 
 
 def read_split(dat: Path, cat: Path, info: Path | None = None, *, size: int = SIZE) -> Split:
@@ -96,7 +127,10 @@ def read_split(dat: Path, cat: Path, info: Path | None = None, *, size: int = SI
         meta = read_matrix(info)
         if meta.ndim != 2 or len(meta) != len(labels):
             raise DatasetError(f"{info}: expected [{len(labels)}, 4] info rows, got {list(meta.shape)}")
-    return make_split(downsample(images, size), labels, str(dat))
+    split = make_split(downsample(images, size), labels, str(dat))
+    if size == images.shape[-1] or not len(images):
+        return split
+    return dataclasses.replace(split, channel_stats=pixel_stats(images))
 
 
 def load_smallnorb(folder: Path, *, size: int = SIZE, name: str | None = None, source: str | None = None) -> Dataset:

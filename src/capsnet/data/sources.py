@@ -68,15 +68,25 @@ def complete(name: str, where: Path) -> bool:
 
 def load(path: Path, fmt: str, *, name: str, source: str, **options: Any) -> Dataset:
     """Read `path` with the reader of `fmt`. `options` go to the readers that take them: image folders
-    (image_size, channels, test_fraction, seed, strict, cache_dir, workers), SVHN (extra), smallNORB (size). A known
-    set's own description (download.DATASETS: `digits`, `class_names`) replaces what its format implies."""
-    known = {k: v for k, v in DATASETS.get(name, {}).items() if k in ("digits", "class_names")}
-    return dataclasses.replace(_read(path, fmt, name=name, source=source, **options), kind=fmt, **known)
+    (image_size, channels, test_fraction, seed, strict, cache_dir, workers), SVHN (extra), smallNORB (size, or a
+    square image_size)."""
+    return dataclasses.replace(_read(path, fmt, name=name, source=source, **options), kind=fmt)
+
+
+def _square_side(image_size: Any) -> int | None:
+    """The side of a square `image_size` option ("64", 64, (64, 64)); DatasetError for a non-square one."""
+    size = folder.parse_size(image_size)
+    if size is None:
+        return None
+    if size[0] != size[1]:
+        raise DatasetError(f"image size {size[0]}x{size[1]}: smallNORB images are square; give one side")
+    return size[0]
 
 
 def _read(path: Path, fmt: str, *, name: str, source: str, **options: Any) -> Dataset:
-    if fmt == "idx":
-        return load_idx_folder(path, name=name, source=source)
+    if fmt == "idx":  # a known set named as such: what its table says of it (Fashion-MNIST is not digits)
+        known = {k: DATASETS.get(name, {})[k] for k in ("digits", "class_names") if k in DATASETS.get(name, {})}
+        return dataclasses.replace(load_idx_folder(path, name=name, source=source), **known)
     if fmt == "npz":
         if path.is_dir():
             path = next(p for p in sorted(path.glob("*.npz")) if npz.is_npz(p))
@@ -86,7 +96,8 @@ def _read(path: Path, fmt: str, *, name: str, source: str, **options: Any) -> Da
     if fmt == "svhn":
         return svhn.load_svhn(path, extra=bool(options.get("extra", False)), name=name, source=source)
     if fmt == "smallnorb":
-        return smallnorb.load_smallnorb(path, size=options.get("size") or smallnorb.SIZE, name=name, source=source)
+        size = options.get("size") or _square_side(options.get("image_size")) or smallnorb.SIZE
+        return smallnorb.load_smallnorb(path, size=size, name=name, source=source)
     if fmt == "folder":
         keys = ("image_size", "channels", "test_fraction", "val_fraction", "seed", "strict", "cache_dir", "workers")
         kwargs = {k: options[k] for k in keys if options.get(k) is not None}

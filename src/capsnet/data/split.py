@@ -19,17 +19,20 @@ def to_float(images: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Split:
-    """One split in memory: uint8 images [N, C, H, W] and int64 labels [N]."""
+    """One split in memory: uint8 images [N, C, H, W] and int64 labels [N]; `channel_stats`, per-channel pixel mean
+    and std, when the reader measured them on the originals before resizing (capsnet.data.scaling)."""
 
     images: torch.Tensor
     labels: torch.Tensor
+    channel_stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
     def take(self, index: torch.Tensor) -> Split:
-        """The examples at `index` (a 1-D int64 tensor), in that order."""
-        return Split(self.images[index], self.labels[index])
+        """The examples at `index` (a 1-D int64 tensor), in that order; `channel_stats` stay those of the split they
+        were taken from (a validation split is standardized as the training split it was held out of)."""
+        return Split(self.images[index], self.labels[index], self.channel_stats)
 
 
 def holdout_counts(class_counts: np.ndarray, fraction: float) -> np.ndarray:

@@ -34,6 +34,14 @@ from ..nn.losses import reconstruction_loss
 from ..training.tasks import Batch, Task, evaluate_batches, seeded_generator
 
 Combine = Literal["max", "sum"]
+# The Efficient-CapsNet authors' MultiMNIST (EscVM/Efficient-CapsNet: config.json, utils/pre_process_multimnist.py),
+# for MultiMNISTTask with EfficientCapsNetConfig.for_multimnist(): digits padded to 36×36 and shifted by up to
+# ±6 px, overlaid by their sum clipped to 1; an epoch of 10 pairs per training digit (their 10 × 60,000 / 16 steps
+# of 16 pairs); 1,000 test pairs per test digit. (Their training generator also pairs digits of one class; this
+# task always pairs two classes, as their test set does.)
+EFFICIENT_CAPSNET_SETTING: dict[str, Any] = {
+    "max_shift": 6, "combine": "sum", "pairs_per_digit": 10, "test_pairs_per_digit": 1000,
+}  # fmt: skip
 _TAG_TRAIN, _TAG_TEST = 0x4D4D, 0x7E57  # keep the train and test random streams apart
 
 

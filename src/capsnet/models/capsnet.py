@@ -24,7 +24,7 @@ from ..routing.dynamic import Router, default_weight_std
 from ..routing.inverted_attention import InvertedAttentionFC
 from ..routing.self_attention import SelfAttentionRouter
 from ..routing.self_routing import SelfRoutingFC
-from .inputs import RecordedData, check_images, image_hw
+from .inputs import RecordedData, check_images, check_loss_options, image_hw
 from .pretrained import Pretrained
 
 
@@ -114,6 +114,7 @@ class CapsNetConfig(RecordedData):
         if min(image_hw(self.image_size)) < 1:
             raise ConfigError(f"image_size must be >= 1, got {self.image_size}")
         self.decoder_hidden = tuple(self.decoder_hidden)
+        check_loss_options(self)
         self._check_recorded(self.n_classes)
         if (self.leaky_routing or self.capsule_bias) and self.routing != "dynamic":
             raise ConfigError("leaky_routing and capsule_bias are options of dynamic routing (routing='dynamic')")

@@ -1,10 +1,22 @@
 """Efficient-CapsNet (Mazzia, Salvetti & Chiaberge, Sci. Rep. 11, 14634, 2021): 161,824 parameters on MNIST.
 
-Architecture (the paper's Fig. 1 and MNIST model): four convolutions, each followed by BatchNorm and ReLU, a
-depthwise convolution whose kernel covers the whole remaining feature map and whose 128 outputs form 16 primary
-capsules of 8 dimensions (squashed with the paper's (1 − e^{−|s|}) s/|s|), and 10 class capsules of 16
-dimensions computed by self-attention routing (capsnet.routing.self_attention). A fully connected decoder
-reconstructs the input from the masked class capsules, as in CapsNet.
+The network is the authors' released one (EscVM/Efficient-CapsNet: models/efficient_capsnet_graph_*.py,
+utils/layers.py; the differences from the paper and their verdicts are in docs/fidelity.md):
+
+- four unpadded convolutions, each applied as convolution → activation → normalisation, the authors' order
+  (`Conv2D(activation="relu")` then `BatchNormalization()` on MNIST; conv → LeakyReLU(0.3) → InstanceNormalization
+  on smallNORB), with Keras's normalisation ε = 1e-3 and BatchNorm momentum 0.99 (PyTorch's 0.01);
+  `backbone_order="conv-norm-act"` is the other order;
+- a depthwise convolution whose kernel covers the remaining map; its 128 outputs are 16 primary capsules of 8
+  (capsule n = channels 8n … 8n+7), squashed with the paper's v = (1 − e^{−|s|}) s / |s|;
+- 10 class capsules of 16 from self-attention routing (capsnet.routing.self_attention);
+- class-capsule lengths √(Σ v² + 1e-7) (Keras's `Length` layer adds its backend ε inside the root);
+- a reconstruction network from the masked class capsules: fully connected (MNIST) or the authors' smallNORB
+  convolutional Generator (`decoder_type="conv"`, capsnet.nn.ConvCapsuleDecoder).
+
+Initialisation follows the authors' Keras code (`init_style="keras"`): He-normal backbone kernels and capsule W
+(truncated, Keras's fans), Glorot-uniform depthwise and Generator kernels, zero biases and prior, BatchNorm γ = 1,
+β = 0, InstanceNorm γ, β uniform in ±0.05; `init_style="pytorch"` keeps PyTorch's layer defaults.
 
 Parameters of the MNIST model, layer by layer (BatchNorm counts its γ and β; its running statistics are buffers):
 
@@ -19,39 +31,41 @@ Parameters of the MNIST model, layer by layer (BatchNorm counts its γ and β; i
 plus 1,411,344 for the decoder (16·10 → 512 → 1024 → 784), which the paper's count leaves out.
 Feature maps: 28 → 24 → 22 → 20 → 9 (stride 2) → 1 (the depthwise kernel is sized to the map: 9 on MNIST).
 
-Training recipe (the paper's MNIST setting, used as this model's defaults): Adam, lr 5e-4 decayed by 0.97 every
-epoch, margin loss + 0.392 × the mean squared reconstruction error (0.392 = 0.0005 · 784: the paper's CapsNet
-weight on a sum, as a mean). The smallNORB variant is :meth:`EfficientCapsNetConfig.for_smallnorb`; from the
-command line (the data set fills in 2 channels, 48×48, 5 classes):
+Presets: `EfficientCapsNetConfig()` (MNIST), :meth:`~EfficientCapsNetConfig.for_smallnorb`,
+:meth:`~EfficientCapsNetConfig.for_multimnist`. Training recipe (the authors' config.json): Adam, lr 5e-4 decayed
+by 0.97 every epoch, batch 16, margin loss + 0.392 × the mean squared reconstruction error. Each data set's input
+pipeline, when `--augment auto`, is the authors' (`data_recipes`): MNIST-format sets ÷ 256 with the 2 px shifts;
+smallNORB standardised per channel with the split's statistics, resized 96 → 64, random 48×48 crops with
+brightness ±2 and contrast 0.5–1.5 for training, centre crops at test. From the command line (the data set fills
+in 2 channels, 48×48, 5 classes):
 
     capsnet train --model efficient-capsnet --dataset SMALLNORB_DIR --backbone-kernels 7 3 3 3 \
-        --backbone-strides 2 1 1 2 --backbone-norm instance --backbone-activation leaky-relu
-
-The paper's smallNORB decoder is convolutional; this variant keeps the fully connected one.
+        --backbone-strides 2 1 1 2 --backbone-norm instance --backbone-activation leaky-relu --decoder-type conv
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..nn.decoder import CapsuleDecoder
-from ..nn.losses import MarginLoss, capsule_lengths
+from ..nn.decoder import CapsuleDecoder, ConvCapsuleDecoder
+from ..nn.keras_init import conv_keras_shape, keras_init_
+from ..nn.losses import MarginLoss, capsule_lengths, reconstruction_loss
 from ..nn.primary import conv_output_size
 from ..nn.squash import efficient_squash
 from ..routing.self_attention import SelfAttentionRouter
-from .capsnet import CapsNet, CapsNetOutput
-from .inputs import check_images
+from .capsnet import CapsNetOutput
+from .inputs import RecordedData, check_images, check_loss_options
 from .pretrained import Pretrained
 
 
 @dataclass
-class EfficientCapsNetConfig:
-    """Hyper-parameters of :class:`EfficientCapsNet`; the defaults are the paper's MNIST model."""
+class EfficientCapsNetConfig(RecordedData):
+    """Hyper-parameters of :class:`EfficientCapsNet`; the defaults are the authors' MNIST model."""
 
     in_channels: int = field(default=1, metadata={"help": "input image channels"})
     image_size: int = field(default=28, metadata={"help": "input image height and width"})
@@ -62,14 +76,35 @@ class EfficientCapsNetConfig:
     backbone_kernels: tuple[int, ...] = field(default=(5, 3, 3, 3), metadata={"help": "their kernel sizes"})
     backbone_strides: tuple[int, ...] = field(default=(1, 1, 1, 2), metadata={"help": "their strides"})
     backbone_norm: Literal["batch", "instance"] = field(
-        default="batch", metadata={"help": "normalisation after each backbone convolution"}
+        default="batch", metadata={"help": "normalisation of each backbone block"}
     )
     backbone_activation: Literal["relu", "leaky-relu"] = field(
-        default="relu", metadata={"help": "activation after each backbone normalisation"}
+        default="relu", metadata={"help": "activation of each backbone block (leaky ReLU: Keras's slope 0.3)"}
     )
+    backbone_order: Literal["conv-act-norm", "conv-norm-act"] = field(
+        default="conv-act-norm",
+        metadata={"help": "order in each backbone block: conv-act-norm (the authors' code) or conv-norm-act"},
+    )
+    norm_eps: float = field(default=1e-3, metadata={"help": "epsilon of the backbone normalisations (Keras: 1e-3)"})
+    norm_momentum: float = field(
+        default=0.01, metadata={"help": "BatchNorm running-average momentum, PyTorch's convention (Keras 0.99 = 0.01)"}
+    )
+    init_style: Literal["keras", "pytorch"] = field(
+        default="keras", metadata={"help": "init: keras (the authors' initialisers) or pytorch (the layers' defaults)"}
+    )
+    primary_kernel: int | None = field(
+        default=None, metadata={"help": "depthwise primary convolution kernel (None: the last feature map's side)"}
+    )
+    primary_stride: int = field(default=1, metadata={"help": "depthwise primary convolution stride"})
     primary_dim: int = field(default=8, metadata={"help": "primary capsule dimension"})
     class_dim: int = field(default=16, metadata={"help": "class capsule dimension"})
+    length_eps: float = field(
+        default=1e-7, metadata={"help": "class-capsule length sqrt(|v|^2 + eps) (the authors' Keras Length: 1e-7)"}
+    )
     decoder: bool = field(default=True, metadata={"help": "add the reconstruction decoder"})
+    decoder_type: Literal["fc", "conv"] = field(
+        default="fc", metadata={"help": "decoder: fc (MNIST) or conv (the authors' smallNORB Generator)"}
+    )
     decoder_hidden: tuple[int, ...] = field(default=(512, 1024), metadata={"help": "decoder hidden sizes"})
     decoder_mask: Literal["label", "prediction"] = field(
         default="label", metadata={"help": "capsule the decoder reconstructs in training: true label or prediction"}
@@ -79,15 +114,20 @@ class EfficientCapsNetConfig:
         default="mean", metadata={"help": "per-image reduction of squared errors"}
     )
     router_init_std: float | None = field(
-        default=None, metadata={"help": "initial std of W_ij (default: sqrt(2 / primary_dim))"}
+        default=None, metadata={"help": "initial std of W_ij, a plain normal (default: as init_style)"}
+    )
+    # The authors' MNIST pre-processing divides by 256 (utils/pre_process_mnist.py); recorded for evaluate/predict.
+    input_divisor: float = field(
+        default=256.0, kw_only=True, metadata={"help": "uint8 pixels are divided by this; set from the augmentation"}
     )
 
     def __post_init__(self) -> None:
         for name in ("backbone_channels", "backbone_kernels", "backbone_strides", "decoder_hidden"):
             setattr(self, name, tuple(getattr(self, name)))
-        for name in ("in_channels", "image_size", "n_classes", "primary_dim", "class_dim"):
+        for name in ("in_channels", "image_size", "n_classes", "primary_dim", "class_dim", "primary_stride"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_loss_options(self)
         layers = (self.backbone_channels, self.backbone_kernels, self.backbone_strides)
         if not self.backbone_channels or len(set(map(len, layers))) != 1 or min(min(x) for x in layers) < 1:
             raise ConfigError("backbone_channels, backbone_kernels and backbone_strides need one positive value "
@@ -95,8 +135,11 @@ class EfficientCapsNetConfig:
         if self.backbone_channels[-1] % self.primary_dim:
             raise ConfigError(f"the last backbone channels ({self.backbone_channels[-1]}) must be a multiple of "
                               f"primary_dim ({self.primary_dim})")  # fmt: skip
+        if not (self.norm_eps > 0 and 0 <= self.norm_momentum <= 1 and self.length_eps >= 0):
+            raise ConfigError("need norm_eps > 0, 0 <= norm_momentum <= 1 and length_eps >= 0")
         if self.feature_size < 1:
             raise ConfigError(f"image_size {self.image_size} is too small for the backbone convolutions")
+        self._check_recorded(self.n_classes)
 
     @property
     def feature_size(self) -> int:
@@ -112,8 +155,9 @@ class EfficientCapsNetConfig:
 
     @classmethod
     def for_smallnorb(cls, **overrides) -> EfficientCapsNetConfig:
-        """The paper's smallNORB model: 48×48 stereo pairs (2 channels), 5 classes, a 7×7 stride-2 first
-        convolution, instance normalisation and leaky ReLU; feature maps 48 → 21 → 19 → 17 → 8 → 1."""
+        """The authors' smallNORB model: 48×48 stereo pairs (2 channels), 5 classes, a 7×7 stride-2 first
+        convolution, leaky ReLU then instance normalisation, feature maps 48 → 21 → 19 → 17 → 8 → 1, and the
+        convolutional Generator (151,664 + 229,570 parameters)."""
         preset = dict(
             in_channels=2,
             image_size=48,
@@ -122,21 +166,46 @@ class EfficientCapsNetConfig:
             backbone_strides=(2, 1, 1, 2),
             backbone_norm="instance",
             backbone_activation="leaky-relu",
+            decoder_type="conv",
+            input_divisor=255.0,  # (their smallNORB input is standardized per channel: see data_recipes)
         )
+        return cls(**{**preset, **overrides})
+
+    @classmethod
+    def for_multimnist(cls, **overrides) -> EfficientCapsNetConfig:
+        """The authors' MultiMNIST model (models/efficient_capsnet_graph_multimnist.py): 36×36 pairs, strides
+        1, 1, 2, 2 (36 → 32 → 30 → 14 → 6), a 5×5 stride-2 depthwise primary convolution (→ 1), the fully
+        connected decoder to 36×36, and each digit's reconstruction weighted 0.392 / 2 (their loss weights);
+        their MultiMNIST pixels are ÷ 255 (utils/pre_process_multimnist.py)."""
+        preset = dict(
+            image_size=36, backbone_strides=(1, 1, 2, 2), primary_kernel=5, primary_stride=2, recon_weight=0.196,
+            input_divisor=255.0,
+        )  # fmt: skip
         return cls(**{**preset, **overrides})
 
 
 class EfficientCapsNet(Pretrained, nn.Module):
-    """Efficient-CapsNet; `EfficientCapsNet()` builds the paper's MNIST model (161,824 parameters without the
+    """Efficient-CapsNet; `EfficientCapsNet()` builds the authors' MNIST model (161,824 parameters without the
     decoder). Options are keyword-only and mirror :class:`EfficientCapsNetConfig`, or pass `config=`."""
 
     config_class = EfficientCapsNetConfig
     model_type = "efficient-capsnet"
     paper = "Mazzia, Salvetti & Chiaberge, Sci. Rep. 2021"
-    designed_for = "MNIST 28x28 (smallNORB variant: EfficientCapsNetConfig.for_smallnorb)"
+    designed_for = "MNIST 28x28 (presets: EfficientCapsNetConfig.for_smallnorb, .for_multimnist)"
     routing_method = "self-attention"  # what `capsnet visualize` names the routing figure after
-    default_lr = 5e-4  # the paper's Adam learning rate
-    default_lr_decay = 0.97  # the paper's exponential decay per epoch
+    default_lr = 5e-4  # the authors' Adam learning rate
+    default_lr_decay = 0.97  # the authors' exponential decay per epoch
+    # config.json files written before these keys existed hold models built and trained this way.
+    saved_defaults: ClassVar[dict[str, Any]] = {
+        "backbone_order": "conv-norm-act", "norm_eps": 1e-5, "norm_momentum": 0.1, "init_style": "pytorch",
+        "length_eps": 0.0, "input_divisor": 255.0,
+    }  # fmt: skip
+    # The authors' input pipelines (utils/pre_process_*.py), by data format, used by `--augment auto`: TrainConfig
+    # values (see capsnet.data.imageaug.AugmentSpec for the augmentation syntax).
+    data_recipes: ClassVar[dict[str, dict[str, str]]] = {
+        "idx": {"augment": "shift=2,divisor=256"},
+        "smallnorb": {"augment": "crop=48,brightness=2,contrast=0.5:1.5,channel-standardize", "image_size": "64"},
+    }
 
     def __init__(self, *, config: EfficientCapsNetConfig | None = None, **options):
         super().__init__()
@@ -144,36 +213,85 @@ class EfficientCapsNet(Pretrained, nn.Module):
         layers: list[nn.Module] = []
         channels = (cfg.in_channels, *cfg.backbone_channels)
         for c_in, c_out, k, s in zip(channels, channels[1:], cfg.backbone_kernels, cfg.backbone_strides, strict=False):
-            norm = nn.BatchNorm2d(c_out) if cfg.backbone_norm == "batch" else nn.InstanceNorm2d(c_out, affine=True)
+            conv = nn.Conv2d(c_in, c_out, k, stride=s)
+            norm = (
+                nn.BatchNorm2d(c_out, eps=cfg.norm_eps, momentum=cfg.norm_momentum)
+                if cfg.backbone_norm == "batch"
+                else nn.InstanceNorm2d(c_out, eps=cfg.norm_eps, affine=True)
+            )
             act = nn.ReLU(inplace=True) if cfg.backbone_activation == "relu" else nn.LeakyReLU(0.3, inplace=True)
-            layers += [nn.Conv2d(c_in, c_out, k, stride=s), norm, act]
+            layers += [conv, act, norm] if cfg.backbone_order == "conv-act-norm" else [conv, norm, act]
         self.backbone = nn.Sequential(*layers)
-        c = cfg.backbone_channels[-1]  # depthwise: one feature_size × feature_size filter per channel
-        self.primary = nn.Conv2d(c, c, cfg.feature_size, groups=c)
+        c = cfg.backbone_channels[-1]  # depthwise: one filter per channel, covering the map (→ 1×1)
+        kernel = cfg.primary_kernel if cfg.primary_kernel is not None else cfg.feature_size
+        # (checked here rather than in the config: the data set sets image_size after the flags)
+        if kernel < 1 or conv_output_size(cfg.feature_size, kernel, cfg.primary_stride) != 1:
+            raise ConfigError(
+                f"the primary convolution (kernel {kernel}, stride {cfg.primary_stride}) must turn the "
+                f"{cfg.feature_size}×{cfg.feature_size} feature map into 1×1"
+            )
+        self.primary = nn.Conv2d(c, c, kernel, stride=cfg.primary_stride, groups=c)
         self.class_caps = SelfAttentionRouter(
             cfg.n_primary, cfg.n_classes, cfg.primary_dim, cfg.class_dim, weight_std=cfg.router_init_std
         )
-        image_shape = (cfg.in_channels, cfg.image_size, cfg.image_size)
-        self.decoder = (
-            CapsuleDecoder(n_capsules=cfg.n_classes, capsule_dim=cfg.class_dim, hidden=cfg.decoder_hidden,
-                           out_shape=image_shape)
-            if cfg.decoder
-            else None
-        )  # fmt: skip
+        self.decoder = self._make_decoder(cfg)
         self.margin_loss = MarginLoss(cfg.n_classes)
+        if cfg.init_style == "keras":
+            self.reset_parameters_keras()
+
+    @staticmethod
+    def _make_decoder(cfg: EfficientCapsNetConfig) -> nn.Module | None:
+        if not cfg.decoder:
+            return None
+        shape = (cfg.in_channels, cfg.image_size, cfg.image_size)
+        if cfg.decoder_type == "conv":  # (checked here: the data set fills in image_size after the flags)
+            if (cfg.image_size + 16) % 8 or cfg.image_size < 8:
+                raise ConfigError(f"decoder_type conv reconstructs sides 8·k − 16 (48, 56, ...), not {cfg.image_size}")
+            return ConvCapsuleDecoder(n_capsules=cfg.n_classes, capsule_dim=cfg.class_dim, out_shape=shape)
+        return CapsuleDecoder(n_capsules=cfg.n_classes, capsule_dim=cfg.class_dim, hidden=cfg.decoder_hidden,
+                              out_shape=shape)  # fmt: skip
+
+    @torch.no_grad()
+    def reset_parameters_keras(self) -> None:
+        """The authors' initialisers (capsnet.nn.keras_init; their models/efficient_capsnet_graph_*.py)."""
+        for m in self.backbone:
+            if isinstance(m, nn.Conv2d):  # Conv2D(kernel_initializer="he_normal"), zero bias
+                keras_init_(m.weight, "he_normal", conv_keras_shape(m.weight))
+                nn.init.zeros_(m.bias)  # type: ignore[arg-type]  # (built with a bias)
+            elif isinstance(m, nn.InstanceNorm2d):  # tfa InstanceNormalization(γ, β "random_uniform")
+                keras_init_(m.weight, "random_uniform")
+                keras_init_(m.bias, "random_uniform")
+        keras_init_(self.primary.weight, "glorot_uniform", conv_keras_shape(self.primary.weight))  # Keras default
+        nn.init.zeros_(self.primary.bias)  # type: ignore[arg-type]
+        router = self.class_caps
+        if self.config.router_init_std is None:  # FCCaps W "he_normal" on its Keras shape [out, in, in_d, out_d]
+            keras_init_(router.weight, "he_normal", (router.out_caps, router.in_caps, router.in_d, router.out_d))
+        nn.init.zeros_(router.prior)
+        if isinstance(self.decoder, CapsuleDecoder):  # Dense: he_normal (hidden), glorot_normal (output)
+            linears = [m for m in self.decoder.net if isinstance(m, nn.Linear)]
+            for k, m in enumerate(linears):
+                keras_init_(m.weight, "he_normal" if k < len(linears) - 1 else "glorot_normal", m.weight.T.shape)
+                nn.init.zeros_(m.bias)
+        elif isinstance(self.decoder, ConvCapsuleDecoder):  # Keras defaults throughout: glorot_uniform, zeros
+            keras_init_(self.decoder.fc.weight, "glorot_uniform", self.decoder.fc.weight.T.shape)
+            nn.init.zeros_(self.decoder.fc.bias)
+            for conv in (*self.decoder.convs, self.decoder.out):
+                keras_init_(conv.weight, "glorot_uniform", conv_keras_shape(conv.weight))
+                nn.init.zeros_(conv.bias)
 
     def forward(
         self, images: torch.Tensor, labels: torch.Tensor | None = None, *, return_coupling: bool = False
     ) -> CapsNetOutput:
-        """images [B, C, H, W] in [0, 1]; returns the fields of :class:`capsnet.CapsNetOutput`, `coupling` being
-        the self-attention coupling c [B, 16, 10] when asked for."""
+        """images [B, C, H, W] as the data pipeline prepares them (config.json records how); returns the fields of
+        :class:`capsnet.CapsNetOutput`, `coupling` being the self-attention coupling c [B, 16, 10] when asked for."""
         cfg = self.config
         check_images(images, channels=cfg.in_channels, size=cfg.image_size, model="EfficientCapsNet")
         x = self.primary(self.backbone(images))  # [B, 128, 1, 1]
         u = efficient_squash(x.view(x.shape[0], cfg.n_primary, cfg.primary_dim))  # primary capsules  [B, 16, 8]
         routed = self.class_caps(u, return_weights=True)
         v = routed.capsules  # class capsules  [B, 10, 16]
-        lengths = capsule_lengths(v)
+        # √(Σ_z v_z² + ε)  [B, 10]; ε = 0: the plain norm, whose gradient at v = 0 stays finite
+        lengths = torch.sqrt((v * v).sum(dim=-1) + cfg.length_eps) if cfg.length_eps else capsule_lengths(v)
         predictions = lengths.argmax(dim=1)
         recon = None
         if self.decoder is not None and not (self.training and cfg.recon_weight == 0):
@@ -181,4 +299,19 @@ class EfficientCapsNet(Pretrained, nn.Module):
             recon = self.decoder(v, labels if use_labels else predictions)
         return CapsNetOutput(v, lengths, predictions, recon, routed.weights if return_coupling else None)
 
-    loss = CapsNet.loss  # margin loss + recon_weight × reconstruction error (recon_reduction), as CapsNet's
+    def loss(
+        self, out: CapsNetOutput, images: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Margin loss (summed over the classes, averaged over the batch, as the authors' `marginLoss`) +
+        recon_weight × the reconstruction error against the input (their `mse`: recon_reduction "mean"). Returns
+        (total, parts as detached 0-d tensors)."""
+        margin = self.margin_loss(out.lengths, labels)
+        total, parts = margin, {"margin": margin.detach()}
+        if out.reconstructions is not None and self.config.recon_weight > 0:
+            recon = reconstruction_loss(
+                out.reconstructions, images, weight=self.config.recon_weight, reduction=self.config.recon_reduction
+            )
+            total = total + recon
+            parts["reconstruction"] = recon.detach()
+        parts["total"] = total.detach()
+        return total, parts

@@ -114,7 +114,7 @@ class EMCapsNet(Pretrained, nn.Module):
 
     config_class = EMCapsNetConfig
     model_type = "em-capsnet"
-    train_steps: torch.Tensor  # a buffer: training steps taken, for the spread margin's schedule
+    train_steps: torch.Tensor  # a buffer: `margin_steps` as saved with the weights
     paper = "Hinton, Sabour & Frosst, ICLR 2018 (Matrix capsules with EM routing)"
     designed_for = "smallNORB 32x32 crops (also MNIST 28x28)"
     routing_method = "em"  # what `capsnet visualize` names the routing figure after
@@ -137,8 +137,11 @@ class EMCapsNet(Pretrained, nn.Module):
         self.classes = ClassCaps(cfg.caps2_types, cfg.n_classes, centres=centres, **em)
         self.spread_loss = SpreadLoss(cfg.n_classes)
         self.margin_loss = MarginLoss(cfg.n_classes)
-        # Training steps seen by `loss` (drives the spread margin's schedule; saved, so a resumed run continues it)
+        # Training steps seen by `loss`, which drive the spread margin's schedule: counted on the host (`margin_steps`,
+        # so that a step never reads the device) and saved as the buffer `train_steps` (written into it by
+        # state_dict, read back from it on loading), so a resumed run continues the schedule exactly.
         self.register_buffer("train_steps", torch.zeros((), dtype=torch.long))
+        self.margin_steps = 0
 
     def forward(
         self, images: torch.Tensor, labels: torch.Tensor | None = None, *, return_coupling: bool = False
@@ -159,9 +162,32 @@ class EMCapsNet(Pretrained, nn.Module):
             coupling = res.assignments[:, 0].reshape(b, -1, g2, d).permute(0, 3, 2, 1).reshape(b, d * g2, -1)
         return EMCapsNetOutput(poses, acts, acts.argmax(dim=1), None, coupling, logits)
 
+    @torch.no_grad()
+    def init_from_data(self, images: torch.Tensor) -> None:
+        """Centre β_a of every EM layer on one batch of training images [B, C, H, W] in [0, 1] (`centre_activations`;
+        layer by layer, each on the activations of the layers below, already centred). Once: a loaded or already
+        centred model is left as it is. `capsnet train` calls it before DistributedDataParallel wraps the model, on
+        a batch every rank computes alike; without it, the first training forward does the same on its own batch."""
+        if not self.config.centre_activations:
+            return
+        was_training = self.training
+        self.train()
+        self(images)  # each layer not yet centred centres itself before it routes
+        self.train(was_training)
+
     def current_margin(self) -> float:
         """The spread loss margin m at this point of training (0.2 → 0.9 over `margin_anneal_steps`)."""
-        return spread_margin(int(self.train_steps) / self.config.margin_anneal_steps)
+        return spread_margin(self.margin_steps / self.config.margin_anneal_steps)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        self.train_steps.fill_(self.margin_steps)  # (a write to the device, no read)
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        steps = state_dict.get(prefix + "train_steps")
+        if steps is not None:  # (read once, at load time)
+            self.margin_steps = int(steps)
 
     def loss(
         self, out: EMCapsNetOutput, images: torch.Tensor, labels: torch.Tensor
@@ -174,7 +200,7 @@ class EMCapsNet(Pretrained, nn.Module):
             total = self.spread_loss(full_precision(out.lengths), labels, m)
             parts = {"spread": total.detach(), "spread_margin": m}
             if self.training and torch.is_grad_enabled():
-                self.train_steps += 1
+                self.margin_steps += 1
         elif kind == "margin":
             total = self.margin_loss(full_precision(out.lengths), labels)
             parts = {"margin": total.detach()}

@@ -31,6 +31,7 @@ from ..routing.backend import use_backend
 from .inputs import image_hw
 
 OPSET = 18  # the ONNX opset of the exported graph (onnxruntime >= 1.14 runs it)
+MIN_OPSET = 13  # the oldest opset torch's exporter converts these models to (tested: 13 and 17 for the baseline)
 FORMATS = {".onnx": "ONNX", ".pt2": "torch.export"}
 ATOL = 1e-4  # the check's tolerance on every output, against the PyTorch model
 OUTPUT_NAMES = ("lengths", "capsules")  # (a model without capsules, the baseline CNN, has the first only)
@@ -111,6 +112,7 @@ def export_model(
         raise ConfigError(f"{path}: give a .onnx or .pt2 file name")
     if path.suffix == ".onnx":
         _require_onnx(check)
+        _check_opset(opset)
     program = export_program(model)
     names = list(OUTPUT_NAMES[: len(program.graph_signature.user_outputs)])
     info: dict[str, Any] = {"path": str(path), "format": FORMATS[path.suffix]}
@@ -155,11 +157,24 @@ def _require_onnx(check: bool) -> None:
             ) from None
 
 
+def _check_opset(opset: int) -> None:
+    """ConfigError unless `opset` is one the installed onnx can convert to (MIN_OPSET to its newest)."""
+    import onnx
+
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= newest:
+        raise ConfigError(f"opset {opset}: the installed onnx writes opsets {MIN_OPSET} to {newest}")
+
+
 def _write_onnx(model: nn.Module, program: torch.export.ExportedProgram, path: Path, *, opset: int, names) -> None:
     with _quiet():
-        onnx_program = torch.onnx.export(
-            program, f=None, input_names=["images"], output_names=names, opset_version=opset, verbose=False
-        )
+        try:
+            onnx_program = torch.onnx.export(
+                program, f=None, input_names=["images"], output_names=names, opset_version=opset, verbose=False
+            )
+        except RuntimeError as e:  # (the version converter: an operator with no form in that opset)
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ExportError(f"{type(model).__name__} cannot be written in ONNX opset {opset} ({reason})") from None
     assert onnx_program is not None  # f=None: the program is returned, not written
     cfg: Any = model.config
     onnx_program.model.metadata_props.update({

@@ -194,7 +194,8 @@ class HVCCapsNet(Pretrained, nn.Module):
     default_lr = 1e-3  # the authors' Adam learning rate
     default_lr_decay = 0.98  # their exponential decay per epoch
     default_batch_size = 120  # their batch size
-    default_augment: ClassVar[dict[str, str]] = {"idx": "hvc"}  # their MNIST augmentation, on MNIST-format sets
+    # their MNIST augmentation on MNIST-format sets, under `--augment auto` (capsnet.training.recipes)
+    data_recipes: ClassVar[dict[str, dict[str, str]]] = {"idx": {"augment": "hvc"}}
 
     def __init__(self, *, config: HVCCapsNetConfig | None = None, **options: Any):
         super().__init__()

@@ -48,6 +48,12 @@ class Pretrained(_ModuleBase):
     saved_defaults: ClassVar[dict[str, Any]] = {}
     config: Any
 
+    def init_from_data(self, images: torch.Tensor) -> None:
+        """Data-dependent initialisation from one batch of training images [B, C, H, W] in [0, 1], before training
+        starts. A no-op unless the model needs one (:class:`capsnet.models.em_capsnet.EMCapsNet` centres its β_a).
+        `capsnet train` calls it once, before DistributedDataParallel wraps the model, on a batch that every rank
+        computes alike (so all start from the same weights); never on a resumed run, whose weights have it."""
+
     @classmethod
     def make_config(cls, config: Any = None, options: dict[str, Any] | None = None) -> Any:
         """The model's config: `config` as given, or `config_class(**options)`; both at once is a TypeError."""

@@ -3,13 +3,14 @@
 May import: torch and capsnet's foundation modules (errors, fileio, config) only.
 """
 
-from .decoder import CapsuleDecoder
+from .decoder import CapsuleDecoder, ConvCapsuleDecoder
 from .losses import MarginLoss, capsule_lengths, reconstruction_loss
 from .primary import PrimaryCapsules
 from .squash import Squash, efficient_squash, squash
 
 __all__ = [
     "CapsuleDecoder",
+    "ConvCapsuleDecoder",
     "MarginLoss",
     "PrimaryCapsules",
     "Squash",

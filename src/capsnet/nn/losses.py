@@ -113,5 +113,5 @@ class SpreadLoss(nn.Module):
             raise ValueError("SpreadLoss takes class indices [B] (one class per image)")
         a_t = activations.gather(1, labels.long().view(-1, 1))  # [B, 1]
         loss = F.relu(margin - (a_t - activations)) ** 2  # [B, n]; the i = t term is m², removed below
-        others = 1.0 - F.one_hot(labels.long(), self.n_labels).to(loss.dtype)
+        others = 1.0 - _targets(labels, self.n_labels, loss)  # (by scatter: no host read of the labels)
         return (loss * others).sum(dim=1).mean()

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..nn.squash import squash
 from . import dynamic_cpu as routing_cpu
+from . import dynamic_triton as routing_triton
 from .backend import KernelLayer
 from .base import RoutingOutput
 from .dynamic_fast import fast_dynamic_routing
@@ -59,11 +60,12 @@ class Router(KernelLayer, nn.Module):
             iteration (the official code's capsule layers have one; the paper does not mention it).
         fast: use a fast path with a hand-derived backward (fp32 under autocast) instead of the plain autograd
             path (:func:`route_votes` + :func:`dynamic_routing`): on CPUs the fused C++ kernel of
-            :mod:`capsnet.routing.dynamic_cpu` (built at first use; ``CAPSNET_NO_EXT=1`` disables it), elsewhere,
-            or if it cannot be built, :func:`capsnet.routing.fast_dynamic_routing` (large-K GEMMs). All compute the same
-            function; the fast ones support a single backward pass only, so set ``router.fast = False`` for double
-            backward (e.g. gradient penalties). `router.backend` ("auto", "cpp", "torch"; None: the global choice
-            of :func:`capsnet.routing.set_backend`) decides between the C++ kernel and the GEMM path.
+            :mod:`capsnet.routing.dynamic_cpu` (built at first use; ``CAPSNET_NO_EXT=1`` disables it); on CUDA
+            under the "triton" backend, the Triton kernels of :mod:`capsnet.routing.dynamic_triton`; elsewhere,
+            or if it cannot be built, :func:`capsnet.routing.fast_dynamic_routing` (large-K GEMMs). All compute the
+            same function; the fast ones support a single backward pass only, so set ``router.fast = False`` for
+            double backward (e.g. gradient penalties). `router.backend` ("auto", "cpp", "torch", "triton"; None: the
+            global choice of :func:`capsnet.routing.set_backend`) decides between the kernels and the GEMM path.
 
     `weight` has the layout of labml's reference code (in_caps, out_caps, in_d, out_d), so its state dicts load
     unchanged.
@@ -139,6 +141,10 @@ class Router(KernelLayer, nn.Module):
         fast = self.fast and not (self.bias is not None and self.detach_votes)
         if fast and plain and routing_cpu.applicable(u, self.weight, self.backend):
             v, c = routing_cpu.cpu_dynamic_routing(u, self.weight, self.iterations, detach_votes=self.detach_votes)
+        elif fast and plain and routing_triton.applicable(u, self.weight, self.backend):  # CUDA, backend triton
+            v, c = routing_triton.triton_dynamic_routing(
+                u, self.weight, self.iterations, detach_votes=self.detach_votes
+            )
         elif fast:
             v, c = fast_dynamic_routing(
                 u,

@@ -21,7 +21,13 @@ class _CentredActivations(nn.Module):
     β_a_j is shifted so that the mean logit λ(β_a − Σ_h cost_h) of each parent type is 0, i.e. about half the
     capsules are active at the start — what the authors say they aimed for with their initialisation (OpenReview;
     quoted in Gritzman 2019's code). Without it the class activations start saturated near 1 (the cost is
-    ~10³ × λ ~ 10⁻³). A persistent flag records that it was done, so a loaded model is not re-initialised."""
+    ~10³ × λ ~ 10⁻³). A persistent flag records that it was done, so a loaded model is not re-initialised.
+
+    The flag is a buffer (saved with the weights) mirrored by a host bool, `centred`, so that the check in every
+    training forward never reads the device; loading a state dict sets both. Under DistributedDataParallel the
+    centring must happen before the model is wrapped, on a batch every rank agrees on
+    (:meth:`capsnet.models.em_capsnet.EMCapsNet.init_from_data`; `capsnet train` does so): DDP never broadcasts
+    the parameters again."""
 
     iterations: int  # (set by the subclasses)
     final_lambda: float
@@ -31,14 +37,22 @@ class _CentredActivations(nn.Module):
     def _setup_centring(self, enabled: bool) -> None:
         self.centre_activations = enabled
         self.register_buffer("beta_a_ready", torch.tensor(not enabled))
+        self.centred = not enabled  # the host's copy of beta_a_ready
 
     @torch.no_grad()
     def _centre(self, route) -> None:
-        if self.training and not bool(self.beta_a_ready):
+        if self.training and not self.centred:
             logits = route().logits  # [B, P, J]
             lam = inverse_temperature(self.iterations - 1, self.final_lambda)
             self.beta_a.sub_(logits.mean(dim=(0, 1)) / lam)
             self.beta_a_ready.fill_(True)
+            self.centred = True
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        ready = state_dict.get(prefix + "beta_a_ready")
+        if ready is not None:  # (read once, at load time)
+            self.centred = bool(ready)
 
 
 class PrimaryMatrixCaps(nn.Module):

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import ConfigError
+from ..data.folder import parse_size
+from ..errors import ConfigError, DatasetError
 from ..models.inputs import DATA_FIELDS  # model options that come from the data set rather than from flags
 from ..models.registry import MODELS
 
@@ -34,8 +35,10 @@ class TrainConfig:
         },
     )
     image_size: str | None = field(
-        default=None, metadata={"help": "image folders: convert every image to H or HxW (default: the most common)"}
-    )
+        default=None,
+        metadata={"help": "image folders: convert every image to H or HxW (default: the most common); smallNORB: "
+                  "its side (default 48, or the model's recipe: Efficient-CapsNet 64)"},
+    )  # fmt: skip
     image_channels: int | None = field(
         default=None, metadata={"help": "image folders: 1 (greyscale) or 3 (RGB) (default: the most common mode)"}
     )
@@ -76,6 +79,17 @@ class TrainConfig:
     precision: Literal["fp32", "bf16"] = field(default="fp32", metadata={"help": "bf16 runs under autocast"})
     channels_last: bool = field(default=False, metadata={"help": "channels-last memory format for the convolutions"})
     compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
+    cuda_graphs: bool = field(
+        default=False,
+        metadata={"help": "CUDA: capture the whole training step (batch gather and augmentation, forward, backward, "
+                  "Adam) as one CUDA graph and replay it; the epoch's last, smaller batch runs eagerly; where it "
+                  "cannot be captured, one line and eager training"},
+    )  # fmt: skip
+    cudnn_benchmark: bool | None = field(
+        default=None,
+        metadata={"help": "CUDA: let cuDNN time its convolution algorithms for each new input shape "
+                  "(torch.backends.cudnn.benchmark); unset: the session's setting (PyTorch's default: off)"},
+    )  # fmt: skip
     out: str = field(default="runs/capsnet", metadata={"help": "run folder for checkpoints and metrics"})
     resume: bool = field(default=False, metadata={"help": "continue the run in --out from its last checkpoint"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
@@ -93,6 +107,12 @@ class TrainConfig:
             raise ConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if not 0 < self.test_fraction < 1:
             raise ConfigError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.image_channels not in (None, 1, 3):
+            raise ConfigError(f"image_channels must be 1 (greyscale) or 3 (RGB), got {self.image_channels}")
+        try:
+            parse_size(self.image_size)
+        except DatasetError as e:
+            raise ConfigError(str(e)) from None
         lr_ok = self.lr is None or self.lr > 0
         if not (lr_ok and 0 < self.lr_end <= 1 and (self.lr_decay is None or 0 < self.lr_decay <= 1)):
             raise ConfigError("need lr > 0, 0 < lr_decay <= 1 and 0 < lr_end <= 1")

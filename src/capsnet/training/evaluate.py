@@ -13,8 +13,9 @@ import torch
 from ..data.datasets import load_dataset
 from ..data.imageaug import center_crop
 from ..data.images import load_image, load_image_resized
+from ..data.scaling import model_scaling
 from ..data.split import Dataset, Split, to_float
-from ..errors import DatasetError
+from ..errors import ConfigError, DatasetError
 from ..models.hub import is_ref, read_card, resolve_ref
 from ..models.inputs import image_hw
 from ..models.pretrained import load_pretrained
@@ -22,6 +23,7 @@ from . import distributed as dist_utils
 from .checkpoint import checkpoint_info, resolve_checkpoint
 from .config import upgrade_train_dict
 from .ensemble import Ensemble
+from .hardware import resolve_device
 
 
 def check_split(model: torch.nn.Module, split: Split, *, source: str) -> None:
@@ -61,10 +63,11 @@ def evaluate(
     model.eval()
     n_classes: int = cast(Any, model.config).n_classes
     images, labels = split.images[dist.rank :: dist.world_size], split.labels[dist.rank :: dist.world_size]
+    scaling = model_scaling(model.config, split)  # uint8 -> what the model was trained on (its config records it)
     # The loss sum and the confusion counts stay on the device, read once at the end.
     sums = torch.zeros(1 + n_classes * n_classes, dtype=torch.float64, device=device)  # [loss sum, confusion...]
     for start in range(0, len(labels), batch_size):
-        x = fit_to_model(to_float(images[start : start + batch_size].to(device)), model.config)
+        x = fit_to_model(scaling(to_float(images[start : start + batch_size].to(device))), model.config)
         y = labels[start : start + batch_size].to(device)
         out = model(x)
         loss, _ = cast(Any, model).loss(out, x, y)
@@ -100,10 +103,12 @@ def evaluate_checkpoint(
 
     The data set defaults to the one the checkpoint records (:func:`recorded_data`); `dataset` / `data_dir` choose
     another. Image folders are converted as for training: to the size the model recorded (before its crops) and
-    channels."""
+    channels. `device`: cpu, cuda, cuda:K or auto."""
+    if batch_size < 1:
+        raise ConfigError(f"batch size must be >= 1, got {batch_size}")
     paths = list(checkpoint) if isinstance(checkpoint, (list, tuple)) else [checkpoint]
     folders = [resolve_checkpoint(c) for c in paths]
-    models = [load_pretrained(f, map_location=device) for f in folders]
+    models = [load_pretrained(f, map_location=resolve_device(device)) for f in folders]
     model = models[0] if len(models) == 1 else Ensemble(models)
     cfg: Any = model.config
     data = checkpoint_data(model, paths, dataset=dataset, data_dir=data_dir)
@@ -111,7 +116,7 @@ def evaluate_checkpoint(
     if chosen is None:
         raise DatasetError(f"{data.source}: has no {split} split")
     check_split(model, chosen, source=data.source)
-    result = evaluate(model, chosen, batch_size=batch_size, device=device)
+    result = evaluate(model, chosen, batch_size=batch_size, device=resolve_device(device))
     result.update(checkpoint=str(paths[0]) if len(paths) == 1 else [str(p) for p in paths], dataset=data.name,
                   split=split, class_names=[class_name(cfg, k) for k in range(cfg.n_classes)],
                   scored=[scored(f) for f in folders])  # fmt: skip
@@ -231,7 +236,8 @@ def class_name(cfg, k: int) -> str:
 def predict(model: torch.nn.Module, images: list[str | Path]) -> list[dict]:
     cfg = model.config
     device = next(model.parameters()).device
-    batch = torch.stack([prepare_image(p, cfg) for p in images]).to(device)
+    scaling = model_scaling(cfg)  # what it was trained on (a standardizing model: its training split's statistics)
+    batch = scaling(torch.stack([prepare_image(p, cfg) for p in images]).to(device))
     out = model.eval()(batch)
     return [
         {"image": str(p), "class": int(c), "name": class_name(cfg, int(c)),

@@ -33,10 +33,12 @@ from ..fileio import atomic_write_json
 from ..models.pretrained import WEIGHTS_NAME, Pretrained
 from ..models.registry import MODELS
 from . import distributed as dist_utils
+from . import graphs
 from .checkpoint import STATE_NAME, TEST_NAME, load_state, remove_strays
 from .config import DATA_FIELDS, TrainConfig, TrainResult
 from .hardware import default_batch_size, precision_note, rank_device, resolve_device
 from .memory import check_memory
+from .profiling import phase
 from .progress import _Logger, _StopFlag
 from .state import EpochSums, RunState, check_validation, restore, resumed_validation, save_checkpoint
 from .tasks import Batch, ClassificationTask, Task
@@ -46,15 +48,17 @@ __all__ = ["DATA_FIELDS", "TrainConfig", "TrainResult", "make_adam", "resolve_de
 STOP_CHECK_EVERY = 16  # steps between the torchrun ranks' agreement on a stop (one all-reduce + one host sync)
 
 
-def make_adam(params: list[torch.nn.Parameter], *, lr: float, device: torch.device) -> torch.optim.Adam:
+def make_adam(
+    params: list[torch.nn.Parameter], *, lr: float, device: torch.device, capturable: bool = False
+) -> torch.optim.Adam:
     """Adam, with PyTorch's fused kernel where it exists (CUDA; CPU since torch 2.4): the same update in one pass
-    over memory instead of several."""
+    over memory instead of several. `capturable`: its step can be captured in a CUDA graph (capsnet.training.graphs)."""
     if device.type in ("cpu", "cuda"):
         try:
-            return torch.optim.Adam(params, lr=lr, fused=True)
+            return torch.optim.Adam(params, lr=lr, fused=True, capturable=capturable)
         except RuntimeError:  # an older torch without the fused kernel for this device
             pass
-    return torch.optim.Adam(params, lr=lr)
+    return torch.optim.Adam(params, lr=lr, capturable=capturable)
 
 
 # ----------------------------------------------------------------------------------------------- the run
@@ -127,6 +131,7 @@ class Run:
     augment_rng: torch.Generator  # this rank's augmentation stream, on the device
     dir: Path
     state_dict: dict | None = None  # the state.pt being resumed from (on the CPU; dropped once restored)
+    step_graph: Any = None  # --cuda-graphs: the captured step (capsnet.training.graphs.StepGraph), or why not
 
 
 def build(config: TrainConfig, model_config, device: torch.device, dist, task: Task | None) -> Run:
@@ -173,11 +178,16 @@ def build(config: TrainConfig, model_config, device: torch.device, dist, task: T
     model = model_class(config=model_config).to(device)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # (not in the stubs)
-    optimizer = make_adam(list(model.parameters()), lr=config.learning_rate, device=device)
+    capturable = config.cuda_graphs and device.type == "cuda" and not (config.compile or dist.enabled)  # (graphs.py)
+    optimizer = make_adam(list(model.parameters()), lr=config.learning_rate, device=device, capturable=capturable)
+    if device.type == "cuda" and config.cudnn_benchmark is not None:
+        torch.backends.cudnn.benchmark = config.cudnn_benchmark
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=config.decay_per_epoch)
     augment_rng = torch.Generator(device=device).manual_seed(config.seed * 1009 + dist.rank)
 
     trained = task.wrap(model)  # the module whose forward the loop runs (the model itself by default)
+    if not config.resume:  # (a resumed run's weights have it already)
+        init_from_data(model, task, config, device, dist)
     if dist.enabled:
         ids = [device] if device.type == "cuda" else None
         _match_grad_strides(model)
@@ -187,6 +197,21 @@ def build(config: TrainConfig, model_config, device: torch.device, dist, task: T
     return Run(
         config, model_config, device, dist, task, model, trained, optimizer, scheduler, augment_rng, run_dir, saved
     )
+
+
+def init_from_data(model: Pretrained, task: Task, config: TrainConfig, device: torch.device, dist) -> None:
+    """The model's data-dependent initialisation (:meth:`Pretrained.init_from_data`), to run before DDP wraps it:
+    on rank 0's first batch of epoch 0, which every rank computes alike from the seed (rank 0's augmentation seed
+    too), so that all ranks start from the same weights. Nothing for a model that needs none."""
+    if getattr(type(model), "init_from_data", Pretrained.init_from_data) is Pretrained.init_from_data:
+        return
+    assert config.batch_size is not None  # resolved in build()
+    generator = torch.Generator(device=device).manual_seed(config.seed * 1009)  # as rank 0's augment_rng
+    batches = task.batches(epoch=0, batch_size=config.batch_size, seed=config.seed, rank=0,
+                           world_size=dist.world_size, device=device, generator=generator)  # fmt: skip
+    first = next(iter(batches), None)
+    if first is not None:  # (an epoch without batches trains nothing either)
+        model.init_from_data(first.images)
 
 
 def _match_grad_strides(model: torch.nn.Module) -> None:
@@ -205,10 +230,13 @@ def train_step(run: Run, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         batch.images = batch.images.contiguous(memory_format=torch.channels_last)
     with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.config.precision == "bf16"):
         out = run.task.forward(run.trained, batch)
-        loss, n_correct = run.task.loss(run.model, out, batch)
-    run.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    run.optimizer.step()
+        with phase("loss"):  # (profiler ranges, no-ops unless a profile is taken: capsnet.training.profiling)
+            loss, n_correct = run.task.loss(run.model, out, batch)
+    with phase("backward"):
+        run.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+    with phase("optimizer"):
+        run.optimizer.step()
     return loss.detach(), n_correct
 
 
@@ -233,12 +261,14 @@ def train_epoch(run: Run, state: RunState, log: _Logger, signals: _StopFlag, on_
         generator=run.augment_rng,
         start=state.batch_in_epoch,
     )
+    steps = graphs.epoch_steps(run, state.epoch, state.batch_in_epoch, train_step) if config.cuda_graphs else None
+    if steps is None:  # eager: one train_step per batch of the task
+        steps = ((*train_step(run, batch), batch.images.shape[0]) for batch in batches)
     bar = log.bar(state.epoch, n_batches, state.batch_in_epoch)
     t0, seconds0 = time.perf_counter(), state.sums.seconds  # wall time includes making the batches
     stopped = False
-    for batch in batches:
-        loss, n_correct = train_step(run, batch)
-        state.sums.add(loss, n_correct, batch.images.shape[0])
+    for loss, n_correct, n in steps:
+        state.sums.add(loss, n_correct, n)
         state.step, state.batch_in_epoch = state.step + 1, state.batch_in_epoch + 1
         state.sums.seconds = seconds0 + time.perf_counter() - t0
         log.step(bar, state.step, loss, state.sums)
@@ -262,7 +292,7 @@ def evaluate_epoch(run: Run, state: RunState) -> dict[str, float]:
     sums = torch.tensor(state.sums.to_list(), dtype=torch.float64, device=run.device)
     loss_sum, correct, count, seconds = dist_utils.all_sum_tensor(sums, run.dist).tolist()
     seconds /= run.dist.world_size
-    lr = run.optimizer.param_groups[0]["lr"]
+    lr = float(run.optimizer.param_groups[0]["lr"])  # (a device tensor under --cuda-graphs)
     run.scheduler.step()
     split = "val" if run.task.has_val else "test"
     scores = run.task.evaluate(

@@ -10,7 +10,10 @@ temporaries: for the fast paths (:mod:`capsnet.routing.dynamic_fast`) about LIVE
 [out, chunk, in_d, in], the chunk bounded by the path's chunk size; for the reference path (taken only by a
 capsule bias with detach_votes) about 2r+1 tensors of the votes [B, in, out, out_d]. It is meant to catch a
 configuration that cannot fit, not to predict the peak exactly (docs/benchmarks.md compares it with measured
-peaks).
+peaks). Only CapsNet with dynamic routing is modelled (COVERS, named in the check's line); the other models and
+routings are not checked before training (running out of GPU memory still ends in one line, from the CLI).
+
+On CPUs the budget is Linux's MemAvailable, which counts the page cache the kernel can hand back.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from ..routing.dynamic_fast import GPU_TEMPORARY_BYTES
 
 FLOAT = 4
 LIVE_TEMPORARIES = 7  # [out, chunk, in_d, in] tensors alive at once in the fast path's backward (x_buf holds 4)
+MEMINFO = "/proc/meminfo"
+# What the estimate models; the other models and routings train unchecked (check_memory returns None).
+COVERS = "CapsNet with dynamic routing"
 
 
 def _conv(side: int, kernel: int, stride: int, pad: int) -> int:
@@ -70,10 +76,26 @@ def capsnet_bytes(cfg, batch: int, device_type: str = "cuda") -> int | None:
 
 
 def budget_bytes(device: torch.device) -> int | None:
-    """The memory a step may use: free memory on CUDA; on CPUs the available physical memory (Linux), else None."""
+    """The memory a step may use: free memory on CUDA; on CPUs the memory available to a new process
+    (:func:`available_host_bytes`), None where that cannot be read."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
+    return available_host_bytes()
+
+
+def available_host_bytes(meminfo: str | None = None) -> int | None:
+    """Linux's MemAvailable (free memory plus the page cache and other memory the kernel can reclaim), from
+    /proc/meminfo; where that has none (other systems, kernels before 3.14), the free pages (SC_AVPHYS_PAGES), which
+    leave out the page cache and so under-count; None where neither can be read."""
+    try:
+        with open(meminfo or MEMINFO, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    value, *unit = line.split(":", 1)[1].split()
+                    return int(value) * (1024 if unit == ["kB"] else 1)
+    except (OSError, ValueError):
+        pass
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
@@ -82,7 +104,7 @@ def budget_bytes(device: torch.device) -> int | None:
 
 def check_memory(cfg, batch: int, device: torch.device, *, budget: int | None = None) -> int | None:
     """ConfigError (one line, with the fixes) if a CapsNet training step would need more than `budget` bytes
-    (default: :func:`budget_bytes`). Returns the estimate (None when the model is not estimated)."""
+    (default: :func:`budget_bytes`). Returns the estimate; None when the model is not estimated (only COVERS is)."""
     need = capsnet_bytes(cfg, batch, device.type)
     budget = budget if budget is not None else budget_bytes(device)
     if need is None or budget is None or need <= budget:
@@ -90,7 +112,7 @@ def check_memory(cfg, batch: int, device: torch.device, *, budget: int | None = 
     h, w = image_hw(cfg.image_size)
     gib = 1 << 30
     raise ConfigError(
-        f"a training step would need about {need / gib:.1f} GiB at batch {batch} ({h}x{w} images, "
+        f"a training step of {COVERS} would need about {need / gib:.1f} GiB at batch {batch} ({h}x{w} images, "
         f"{cfg.primary_types} primary types), more than the {budget / gib:.1f} GiB free on {device.type}; use "
         f"--conv1-stride 2, a smaller --image-size (e.g. {max(h // 2, 8)}x{max(w // 2, 8)}), fewer --primary-types, "
         "or a smaller --batch-size"

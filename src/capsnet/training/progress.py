@@ -3,6 +3,7 @@ TensorBoard scalars."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -23,7 +24,9 @@ PROGRESS_EVERY_S = 0.5  # the progress bar reads the device's running sums at mo
 
 
 class _StopFlag:
-    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint at the next check and returns."""
+    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint at the next check and returns. A SIGINT after that
+    (a second Ctrl-C) exits at once with status 130, without waiting for the step, evaluation, compile or kernel
+    build in progress: the checkpoint last saved stays as it was (every file of it is written atomically)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -38,7 +41,15 @@ class _StopFlag:
         return self
 
     def _handle(self, signum, frame) -> None:
+        # os.write, not print: the handler may run while the main thread is inside a write to the same stream.
+        main = os.environ.get("RANK", "0") == "0"  # under torchrun every rank receives the terminal's Ctrl-C
+        if self.signum is not None and signum == signal.SIGINT:
+            if main:
+                os.write(2, b"\ninterrupted again: exiting now, without saving (the last checkpoint is kept)\n")
+            os._exit(130)
         self.signum = signum
+        if main and signum == signal.SIGINT:
+            os.write(2, b"\ninterrupted: saving a checkpoint at the next step (Ctrl-C again to exit at once)\n")
 
     def __exit__(self, *exc) -> None:
         for sig, old in self._old.items():

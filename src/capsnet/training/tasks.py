@@ -25,11 +25,12 @@ from torch import nn
 from ..data.batching import epoch_indices, iterate_batches, num_batches
 from ..data.datasets import load_dataset
 from ..data.imageaug import AugmentSpec, resolve_augment
+from ..data.scaling import scaling_for
 from ..data.split import Split, stratified_holdout, to_float
 from ..errors import DatasetError
-from ..models.registry import MODELS
 from . import distributed as dist_utils
 from .evaluate import evaluate
+from .recipes import model_recipes, recipe_image_size
 
 
 @dataclass
@@ -48,8 +49,9 @@ class Task:
     n_classes: int = 10
 
     def model_fields(self) -> dict[str, Any]:
-        """Model options that come from the data rather than from flags."""
-        return {"in_channels": self.in_channels, "image_size": self.image_size, "n_classes": self.n_classes}
+        """Model options that come from the data rather than from flags (the batches are `to_float`'s ÷ 255)."""
+        return {"in_channels": self.in_channels, "image_size": self.image_size, "n_classes": self.n_classes,
+                "input_divisor": 255.0}  # fmt: skip
 
     def num_batches(self, *, batch_size: int, world_size: int) -> int:
         raise NotImplementedError
@@ -140,6 +142,9 @@ class ClassificationTask(Task):
         self.in_channels, self.image_size, self.n_classes = channels, (h if h == w else (h, w)), n_classes
         self.class_names, self.digits = tuple(class_names), digits
         self.source_size = (height, width) if (h, w) != (height, width) else ()
+        # uint8 -> the model's input values (÷ 255, the spec's divisor, or the training split's channel statistics)
+        self.scaling = scaling_for(divisor=self.spec.divisor, channel_standardize=self.spec.channel_standardize,
+                                   split=train)  # fmt: skip
         validation = {"source": "given", "n": len(val)} if val is not None else {"source": "none"}
         self.recorded: dict[str, Any] = {"augment": str(self.spec), "validation": validation}
         self._resident: dict[tuple[str, str], Split | None] = {}  # (split, device) -> its copy there, or None
@@ -155,12 +160,13 @@ class ClassificationTask(Task):
             "strict": "strict",
         }
         options = {key: getattr(config, attr, None) for key, attr in names.items()}
+        recipes = model_recipes(getattr(config, "model", None))  # the model's own pipelines (`--augment auto`)
+        options["image_size"] = recipe_image_size(config, recipes)
         data = load_dataset(config.dataset, data_dir=config.data_dir, **{k: v for k, v in options.items() if v})
         if data.train is None:
             raise DatasetError(f"{data.source}: holds only a test split; training needs the train-* files too")
-        kind = data.kind or "idx"
-        recipe = getattr(MODELS.get(getattr(config, "model", "")), "default_augment", {}).get(kind)  # hvc-capsnet
-        spec = resolve_augment(getattr(config, "augment", "auto"), kind, shift=config.shift, model_default=recipe)
+        augment = getattr(config, "augment", "auto")
+        spec = resolve_augment(augment, data.kind or "idx", shift=config.shift, recipes=recipes)
         if spec.flip and data.digits:
             raise DatasetError(f"{data.source}: a digit set; flipping digits changes their class (drop 'flip')")
         train, val, recorded = validation_split(subset(data.train, config.train_subset), data.val, config)
@@ -191,6 +197,10 @@ class ClassificationTask(Task):
             "class_names": self.class_names,
             "digits": self.digits,
             "source_size": self.source_size,
+            "input_divisor": self.spec.divisor,
+            "channel_standardize": self.spec.channel_standardize,
+            "channel_mean": self.scaling.mean if self.spec.channel_standardize else (),
+            "channel_std": self.scaling.std if self.spec.channel_standardize else (),
         }
 
     def num_batches(self, *, batch_size: int, world_size: int) -> int:
@@ -203,7 +213,8 @@ class ClassificationTask(Task):
         if key not in self._resident:
             split = getattr(self, which)
             fits = fits_on_device(split.images.nbytes + split.labels.nbytes, device)
-            self._resident[key] = Split(split.images.to(device), split.labels.to(device)) if fits else None
+            moved = Split(split.images.to(device), split.labels.to(device), split.channel_stats)
+            self._resident[key] = moved if fits else None
         return self._resident[key]
 
     def batches(self, *, epoch, batch_size, seed, rank, world_size, device, generator, start=0) -> Iterator[Batch]:
@@ -218,7 +229,7 @@ class ClassificationTask(Task):
             it = staged_batches(self.train, idx, batch_size=batch_size, device=device)
         # Skipped batches (a resumed epoch) draw no random numbers: the generator state was restored instead.
         for images, labels in it:
-            yield Batch(self.augment(images, generator), labels)
+            yield Batch(self.augment(self.scaling(images), generator), labels)
 
     def augment(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """The training augmentation (:class:`capsnet.data.imageaug.AugmentSpec`; by default the paper's random

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ..data.scaling import model_scaling
 from ..data.split import Split, to_float
 from ..errors import CapsNetError, CheckpointError, DatasetError
 from ..fileio import atomic_open
@@ -68,7 +69,7 @@ def distinct_classes(labels: torch.Tensor, k: int) -> torch.Tensor:
 
 @torch.no_grad()
 def _forward(model, images: torch.Tensor, *, return_coupling: bool = False):
-    x = to_float(images.to(_model_device(model)))
+    x = model_scaling(model.config)(to_float(images.to(_model_device(model))))  # as it was trained (config.json)
     try:
         return model(x, return_coupling=return_coupling)
     except ValueError as e:  # image shape does not match the model's config

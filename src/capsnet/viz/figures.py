@@ -274,7 +274,7 @@ def visualize(
     """
     model = load_capsnet(checkpoint, device=device, any_model=True)
     run_dir = run_folder_of(checkpoint)
-    data = checkpoint_data(model, [checkpoint], dataset=dataset, data_dir=data_dir)  # default: what the run used
+    data = checkpoint_data(model, [checkpoint], dataset=dataset, data_dir=data_dir)  # as `evaluate` reads it
     check_split(model, data.test, source=data.source)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

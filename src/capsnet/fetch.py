@@ -1,0 +1,210 @@
+"""Fetching one URL into a file, carefully: what data sets and pretrained weights are downloaded with.
+
+    fetch_url(url, dest, md5=..., sha256=...) -> dest
+
+- Each try streams the body into a temporary file beside `dest` (:func:`capsnet.fileio.atomic_open`), which
+  replaces `dest` only once the whole body is in and checked: a failed, cut or interrupted (Ctrl-C, a kill) download
+  never leaves a partial file at `dest`.
+- Checked: the bytes received against the Content-Length the server announced, then the MD5 / SHA-256 if given.
+- A try that fails in a way the next one may not (a connection dropped mid-body, a body cut short, a chunked
+  response cut off, a timeout, HTTP 5xx, 408 or 429, wrong bytes) is repeated, up to `retries` tries in all, the
+  wait doubling from `backoff` seconds. HTTP 4xx, an unknown host and a malformed URL fail at once.
+- `timeout` bounds each connect and each read, not the whole download.
+- Several processes that fetch the same `dest` at once (torchrun ranks on one machine, parallel jobs sharing a
+  cache) take turns on a lock file beside it (:func:`file_lock`); the first downloads, the others find `dest` there.
+
+Failing every try raises :class:`capsnet.errors.DownloadError`, one line naming the URL and why each try failed.
+An error of the local file system (a read-only folder, a full disk) is not retried: it propagates as the OSError.
+
+May import: the other foundation modules (errors, fileio, _version); nothing above them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import http.client
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from ._version import __version__
+from .errors import DownloadError
+from .fileio import atomic_open
+
+RETRIES = 3  # tries per URL
+BACKOFF_S = 1.0  # wait after the first failed try; doubled after each further one
+TIMEOUT_S = 20.0  # per connect and per read
+CHUNK = 1 << 16
+
+
+class _Retry(Exception):
+    """A failed try that another try may get past."""
+
+
+class _GiveUp(Exception):
+    """A failed try that no other try at this URL can get past."""
+
+
+def fetch_url(
+    url: str,
+    dest: str | os.PathLike,
+    *,
+    md5: str | None = None,
+    sha256: str | None = None,
+    retries: int = RETRIES,
+    timeout: float = TIMEOUT_S,
+    backoff: float = BACKOFF_S,
+) -> Path:
+    """Download `url` into `dest` (see the module docstring) and return `dest`. A `dest` already there with the
+    given checksums (or any `dest`, when none is given) is kept and not fetched again."""
+    dest = Path(dest)
+    if retries < 1:
+        raise ValueError(f"retries must be >= 1, got {retries}")
+    if dest.is_file() and _matches(dest, md5, sha256):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(dest.parent / f".{dest.name}.lock"):
+        if dest.is_file() and _matches(dest, md5, sha256):  # (fetched meanwhile by another process)
+            return dest
+        reasons: list[str] = []
+        for attempt in range(retries):
+            try:
+                _fetch_once(url, dest, md5=md5, sha256=sha256, timeout=timeout)
+                return dest
+            except _GiveUp as e:
+                raise DownloadError(f"{url}: {e}", url=url, permanent=True) from None
+            except _Retry as e:
+                reasons.append(str(e))
+            if attempt + 1 < retries:
+                time.sleep(backoff * 2**attempt)
+        tried = f"after {retries} tries" if retries > 1 else "after 1 try"
+        why = reasons[-1] if len(set(reasons)) == 1 else "; ".join(reasons)
+        raise DownloadError(f"{url}: {why} ({tried})", url=url, permanent=False)
+
+
+def _fetch_once(url: str, dest: Path, *, md5: str | None, sha256: str | None, timeout: float) -> None:
+    """One try: the body streamed into a temporary file that replaces `dest` only when it is complete and checked."""
+    headers = {"User-Agent": f"capsnet/{__version__}", "Accept-Encoding": "identity"}
+    request = urllib.request.Request(url, headers=headers)
+    digests = [h for h, want in ((hashlib.md5(), md5), (hashlib.sha256(), sha256)) if want]
+    with _network():
+        response = urllib.request.urlopen(request, timeout=timeout)
+    with response, atomic_open(dest, "wb") as out:  # (a failure to write here is the OSError it is, not retried)
+        expected = _content_length(response)
+        received = 0
+        while True:
+            with _network():
+                chunk = response.read(CHUNK)
+            if not chunk:
+                break
+            received += len(chunk)
+            out.write(chunk)
+            for h in digests:
+                h.update(chunk)
+        # Raising inside atomic_open deletes the temporary file: a bad body never lands.
+        if expected is not None and received != expected:
+            raise _Retry(f"the connection closed after {received:,} of {expected:,} bytes")
+        for h, want in zip(digests, [w for w in (md5, sha256) if w]):
+            if h.hexdigest() != want.lower():
+                raise _Retry(f"{h.name.upper()} {h.hexdigest()} != expected {want}")
+
+
+def _content_length(response) -> int | None:
+    value = response.headers.get("Content-Length")
+    try:
+        return int(value) if value is not None and response.headers.get("Transfer-Encoding") is None else None
+    except ValueError:
+        return None
+
+
+@contextlib.contextmanager
+def _network() -> Iterator[None]:
+    """Network failures as _Retry (worth another try) or _GiveUp."""
+    try:
+        yield
+    except urllib.error.HTTPError as e:
+        what = f"HTTP {e.code} {e.reason}"
+        raise (_Retry(what) if e.code >= 500 or e.code in (408, 429) else _GiveUp(what)) from None
+    except urllib.error.URLError as e:
+        reason = e.reason
+        if isinstance(reason, socket.gaierror):  # an unknown host (typically: offline)
+            raise _GiveUp(f"cannot resolve the host ({reason})") from None
+        if not isinstance(reason, OSError):  # urllib's own words: an unknown URL type, no host given, ...
+            raise _GiveUp(str(reason)) from None
+        raise _Retry(_describe(reason)) from None
+    except http.client.IncompleteRead as e:  # a chunked (or length-known) body cut short
+        raise _Retry(f"the body was cut short ({len(e.partial):,} bytes of a chunk read)") from None
+    except http.client.HTTPException as e:  # RemoteDisconnected, BadStatusLine, ...
+        raise _Retry(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
+    except TimeoutError:
+        raise _Retry("timed out") from None
+    except ValueError as e:  # a malformed URL or an unknown scheme
+        raise _GiveUp(str(e)) from None
+    except OSError as e:  # connection refused, reset, ...
+        raise _Retry(_describe(e)) from None
+
+
+def _describe(reason: object) -> str:
+    if isinstance(reason, TimeoutError):
+        return "timed out"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror
+    return str(reason) or type(reason).__name__
+
+
+def _matches(path: Path, md5: str | None, sha256: str | None) -> bool:
+    checks = [(hashlib.md5, md5), (hashlib.sha256, sha256)]
+    return all(file_digest(path, algo) == want.lower() for algo, want in checks if want)
+
+
+def file_digest(path: str | os.PathLike, algorithm=hashlib.md5) -> str:
+    """The hex digest of a file (MD5 by default), read in 1 MiB blocks."""
+    h = algorithm()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on the file `path` (created if need be, removed on release) while the block runs;
+    other processes and threads that ask for it wait. A lock dies with its process, so a killed holder never leaves
+    a stale one. Where the OS offers no `flock` (Windows) the block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    path = os.fspath(path)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            # The holder before us removes the file on release: if `path` is no longer the file we locked, another
+            # process may hold a fresh one; ask again.
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        except OSError as e:  # pragma: no cover - a file system without locks: run unlocked
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                os.close(fd)
+                raise
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # before the unlock, so a waiter that gets the lock next sees the file is gone
+        os.close(fd)
+
+
+__all__ = ["BACKOFF_S", "RETRIES", "TIMEOUT_S", "DownloadError", "fetch_url", "file_digest", "file_lock"]

@@ -1,0 +1,65 @@
+"""Converters of published weights into capsnet `save_pretrained` folders, one module per source format.
+
+`CONVERTERS` maps a format name (what `capsnet convert FORMAT` takes) to a one-line description and the module
+that reads it. Each module provides
+
+    add_arguments(parser)            its own command-line options (argparse), e.g. --variant
+    load(source, **options) -> model a capsnet model (a Pretrained nn.Module) holding the converted weights
+
+and raises :class:`capsnet.errors.CheckpointError` (one line) for a file it cannot read: not the format, a tensor
+missing or of the wrong shape, named. The modules import their readers (h5py, ...) lazily, so listing the formats
+needs none of them.
+
+May import: capsnet.models, capsnet.nn, capsnet.routing and the foundation modules (as capsnet.models); never data,
+training or above.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ...errors import CheckpointError, ConfigError
+from ..pretrained import CONFIG_NAME, WEIGHTS_NAME
+
+
+@dataclass(frozen=True)
+class Converter:
+    description: str  # one line, shown by `capsnet convert --help`
+    module: str  # the module that reads the format, relative to this package
+
+
+CONVERTERS: dict[str, Converter] = {
+    "efficient-capsnet": Converter(
+        "the Efficient-CapsNet authors' Keras .h5 weights (EscVM/Efficient-CapsNet bin/efficient_capsnet_*.h5: "
+        "MNIST, smallNORB, MultiMNIST), classifier and reconstruction network",
+        ".efficient_capsnet_keras",
+    ),
+}
+
+
+def converter_module(name: str) -> ModuleType:
+    """The module that converts format `name`; ConfigError naming the known formats otherwise."""
+    if name not in CONVERTERS:
+        raise ConfigError(f"unknown weights format {name!r}; known: {', '.join(CONVERTERS)}")
+    return importlib.import_module(CONVERTERS[name].module, __name__)
+
+
+def convert(name: str, source: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False,
+            **options: Any) -> Any:  # fmt: skip
+    """Convert `source` (format `name`) and write the model to the save_pretrained folder `out`; returns the model.
+
+    A folder that already holds a model is kept unless `overwrite`; nothing is written when the source fails."""
+    out = Path(out)
+    if not overwrite and any((out / f).exists() for f in (CONFIG_NAME, WEIGHTS_NAME)):
+        raise CheckpointError(f"{out}: already holds a model; choose another folder or pass --overwrite")
+    model = converter_module(name).load(source, **options)
+    model.save_pretrained(out)
+    return model
+
+
+__all__ = ["CONVERTERS", "Converter", "convert", "converter_module"]
