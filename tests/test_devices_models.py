@@ -21,6 +21,7 @@ MODEL_KWARGS = {
     "self-routing-capsnet": {"resnet_widths": (8, 16), "resnet_blocks": 1, "primary_types": 4,
                              "capsule_types": (4,), "capsule_strides": (2,)},
     "em-capsnet": {"conv_channels": 8, "primary_types": 4, "caps1_types": 4, "caps2_types": 4, "n_classes": 10},
+    "hvc-capsnet": {"channels": (4, 4, 6, 6, 6, 8, 8, 8, 8)},
 }  # fmt: skip
 ENTRIES = [f"capsnet-{r}" for r in ("dynamic", "self-attention", "inverted-attention", "self-routing")]
 ENTRIES += list(MODEL_KWARGS)

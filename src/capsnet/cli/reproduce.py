@@ -1,11 +1,15 @@
-"""`capsnet reproduce mnist|multimnist|affnist`: the paper's experiments, one command each."""
+"""`capsnet reproduce mnist|multimnist|affnist|cifar10|smallnorb|svhn`: the paper's experiments, one command each;
+`capsnet reproduce fashion-mnist`: every model's Fashion-MNIST recipe over several seeds."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
+from typing import Any
 
-from ..experiments import image_sets
+from ..errors import ConfigError
+from ..experiments import fashion_mnist, image_sets
 from ..experiments.reproduce import EXPERIMENTS, format_table, run_experiment, setting_for
 from ..training.loop import resolve_device
 
@@ -15,7 +19,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "experiment",
         help="mnist (Table 1), multimnist (§6), affnist (§5.2), or cifar10, smallnorb, "
-        "svhn (§7; --quick on generated stand-ins in the real file formats)",
+        "svhn (§7; --quick on generated stand-ins in the real file formats), or fashion-mnist (every model's recipe "
+        "over --seeds seeds, the test accuracy of the validation-chosen checkpoint)",
     )
     p.add_argument("--quick", action="store_true", help=_quick_help())
     p.add_argument("--out", default="runs/reproduce", help="output folder (runs and results.json)")
@@ -23,12 +28,29 @@ def register(subparsers) -> None:
     p.add_argument(
         "--dataset",
         default=None,
-        help="data set name or MNIST-format folder (default: mnist, or mnist-sample with --quick)",
+        help="data set name or MNIST-format folder (default: mnist, or mnist-sample with --quick; fashion-mnist: "
+        "the folder of its IDX files)",
     )
     p.add_argument("--affnist", default=None, help="real affNIST test data: .mat files (needs scipy) or an IDX folder")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action="store_true", help="continue interrupted runs in --out")
-    p.set_defaults(func=run)
+    p.add_argument("--seed", type=int, default=0, help="the (first) seed")
+    p.add_argument("--resume", action="store_true", help="continue interrupted runs in --out (fashion-mnist: always)")
+    p.add_argument("--epochs", type=int, default=None, help="epochs of every run (default: the experiment's)")
+    p.add_argument("--batch-size", type=int, default=None, help="batch size of every run (default: the experiment's)")
+    fm = p.add_argument_group(
+        "fashion-mnist (with --dataset: the folder of its four IDX files; default: the cache or the system's copy)"
+    )
+    fm.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help=f"a model to run (repeat, or a comma list; default all: {', '.join(fashion_mnist.RECIPES)})",
+    )
+    fm.add_argument("--seeds", type=int, default=None, help="seeds per model: --seed, --seed + 1, ... (default: 3)")
+    p.set_defaults(func=run)  # fmt: skip
+
+
+FASHION_ONLY = ("model", "seeds")
 
 
 def _quick_help() -> str:
@@ -45,9 +67,17 @@ def _quick_help() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    for name in ("seeds", "epochs", "batch_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.experiment == fashion_mnist.EXPERIMENT:
+        return run_fashion(args)
+    given = [f"--{name}" for name in FASHION_ONLY if getattr(args, name) is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: options of `capsnet reproduce fashion-mnist` only")
     if args.experiment in image_sets.EXPERIMENTS:
         return run_image_set(args)
-    setting = setting_for(args.experiment, quick=args.quick, dataset=args.dataset)
+    setting = _sized(setting_for(args.experiment, quick=args.quick, dataset=args.dataset), args)
     resolve_device(args.device)  # a bad --device fails here, before anything is printed or trained
     print(setting.note, flush=True)
     report = run_experiment(
@@ -69,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
 
 def run_image_set(args: argparse.Namespace) -> int:
     """The §7 experiments (capsnet.experiments.image_sets): CapsNet only, the paper has no baseline figure there."""
-    setting = image_sets.setting_for(args.experiment, quick=args.quick, out=args.out, dataset=args.dataset)
+    setting = _sized(
+        image_sets.setting_for(args.experiment, quick=args.quick, out=args.out, dataset=args.dataset), args
+    )
     resolve_device(args.device)
     print(setting.note, flush=True)
     report = image_sets.run_image_experiment(
@@ -85,4 +117,40 @@ def run_image_set(args: argparse.Namespace) -> int:
     print(f"\n{args.experiment}: ours vs the paper ({'QUICK run on stand-in data' if args.quick else 'full'})")
     print(format_table(report))
     print(f"results: {Path(args.out) / args.experiment / 'results.json'}")
+    return 0
+
+
+def _sized(setting: Any, args: argparse.Namespace) -> Any:
+    """An experiment's setting with --epochs and --batch-size applied (and said in its note)."""
+    changes = {k: getattr(args, k) for k in ("epochs", "batch_size") if getattr(args, k) is not None}
+    if not changes:
+        return setting
+    given = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in changes.items())
+    return dataclasses.replace(setting, **changes, note=f"{setting.note}; {given} as given")
+
+
+def run_fashion(args: argparse.Namespace) -> int:
+    """Every chosen model's Fashion-MNIST recipe over the seeds; finished runs are skipped, unfinished continued."""
+    if args.affnist is not None:
+        raise ConfigError("--affnist: an option of `capsnet reproduce affnist` only")
+    if args.dataset is not None and not Path(args.dataset).is_dir():
+        raise ConfigError(f"--dataset {args.dataset}: not a folder (fashion-mnist reads its four IDX files from one)")
+    models = [m.strip() for arg in args.model for m in arg.split(",") if m.strip()] if args.model else None
+    plan = fashion_mnist.Plan(
+        models=models or list(fashion_mnist.RECIPES),
+        seeds=list(range(args.seed, args.seed + (args.seeds or 3))),
+        epochs=args.epochs, batch_size=args.batch_size, quick=args.quick, data_dir=args.dataset, device=args.device,
+    )  # fmt: skip
+    resolve_device(args.device)
+    for model in plan.models:
+        config = plan.train_config(model, plan.seeds[0], fashion_mnist.run_dir(args.out, model, plan.seeds[0]))
+        print(
+            f"{model}: {len(plan.seeds)} seed(s) x {config.epochs} epochs, batch {config.batch_size}, augment "
+            f"{config.augment}" + (" (QUICK: a subset, narrow models)" if plan.quick else ""),
+            flush=True,
+        )
+    report = fashion_mnist.run_fashion_mnist(plan, out=args.out)
+    print()
+    print(fashion_mnist.format_markdown(report))
+    print(f"results: {Path(args.out) / fashion_mnist.EXPERIMENT / 'results.json'} (and results.md)")
     return 0

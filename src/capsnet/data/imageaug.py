@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
+from . import hvc_augment
 from .augment import affine_warp, random_shift
 
 
@@ -111,10 +112,19 @@ class AugmentSpec:
     channel_standardize: bool = False
     rotate: float = 0.0  # random rotation of up to ± this many degrees (not the paper's)
     zoom: tuple[float, float] = (1.0, 1.0)  # range of a random scale factor (not the paper's)
+    # Byerly et al.'s MNIST augmentation (capsnet.data.hvc_augment), applied first; "hvc" sets all four
+    hvc_rotate: float = 0.0  # rotate half the images by up to ± this many degrees (normal draws)
+    hvc_shift: bool = False  # translate within the object's empty margins
+    hvc_squish: int = 0  # narrow by up to this many pixels
+    hvc_erase: int = 0  # zero a random square patch of this side
 
     def __post_init__(self) -> None:
         if self.rotate < 0 or not 0 < self.zoom[0] <= self.zoom[1]:
             raise ConfigError(f"augmentation {self}: need rotate >= 0 and 0 < zoom lo <= hi")
+        if min(self.hvc_rotate, self.hvc_squish, self.hvc_erase) < 0:
+            raise ConfigError(f"augmentation {self}: need hvc-rotate, hvc-squish and hvc-erase >= 0")
+        if self.channel_standardize and (self.hvc_rotate or self.hvc_shift or self.hvc_squish or self.hvc_erase):
+            raise ConfigError(f"augmentation {self}: the hvc items work on [0, 1] images, not with channel-standardize")
         lo, hi = self.contrast
         if self.shift < 0 or self.brightness < 0 or not 0 <= lo <= hi:
             raise ConfigError(f"augmentation {self}: need shift >= 0, brightness >= 0 and 0 <= contrast lo <= hi")
@@ -127,6 +137,9 @@ class AugmentSpec:
         """The training augmentation of a float batch [B, C, H, W] in [0, 1], the result clamped to [0, 1]; with
         `channel_standardize`, of a standardized batch, not clamped (as the Efficient-CapsNet code)."""
         lo, hi = (-torch.inf, torch.inf) if self.channel_standardize else (0.0, 1.0)
+        if self.hvc_rotate or self.hvc_shift or self.hvc_squish or self.hvc_erase:
+            x = hvc_augment.hvc_augment(x, rotate=self.hvc_rotate, shift=self.hvc_shift, squish=self.hvc_squish,
+                                        erase=self.hvc_erase, generator=generator)  # fmt: skip
         if self.crop is not None:
             x = random_crop(x, self.crop, generator=generator)
         if self.rotate or self.zoom != (1.0, 1.0):
@@ -149,6 +162,13 @@ class AugmentSpec:
 
     def __str__(self) -> str:
         parts = []
+        hvc = {"rotate": self.hvc_rotate, "shift": self.hvc_shift, "squish": self.hvc_squish, "erase": self.hvc_erase}
+        if hvc == hvc_augment.PAPER:
+            parts.append("hvc")
+        else:
+            parts += [f"hvc-rotate={self.hvc_rotate:g}"] if self.hvc_rotate else []
+            parts += ["hvc-shift"] if self.hvc_shift else []
+            parts += [f"hvc-{k}={v}" for k, v in (("squish", self.hvc_squish), ("erase", self.hvc_erase)) if v]
         if self.crop is not None:
             parts.append(f"crop={self.crop[0]}x{self.crop[1]}")
         if self.rotate:
@@ -174,15 +194,22 @@ class AugmentSpec:
     @classmethod
     def parse(cls, text: str) -> AugmentSpec:
         """The inverse of str(): "none", or a comma list of shift=N, crop=H[xW], flip, brightness=D,
-        contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, divisor=D, channel-standardize."""
+        contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, divisor=D, channel-standardize, and Byerly et al.'s
+        hvc (= hvc-rotate=30, hvc-shift, hvc-squish=7, hvc-erase=4)."""
         spec: dict = {}
         for item in (t.strip() for t in text.split(",")):
             key, _, value = item.partition("=")
             try:
                 if item in ("", "none"):
                     continue
-                if key in ("flip", "standardize", "channel-standardize") and not value:
+                if item == "hvc":
+                    spec.update({f"hvc_{k}": v for k, v in hvc_augment.PAPER.items()})
+                elif key in ("flip", "standardize", "channel-standardize", "hvc-shift") and not value:
                     spec[key.replace("-", "_")] = True
+                elif key in ("hvc-squish", "hvc-erase"):
+                    spec[key.replace("-", "_")] = int(value)
+                elif key == "hvc-rotate":
+                    spec["hvc_rotate"] = float(value)
                 elif key == "shift":
                     spec["shift"] = int(value)
                 elif key == "crop":
@@ -203,7 +230,7 @@ class AugmentSpec:
                 raise ConfigError(
                     f"augmentation {text!r}: cannot read {item!r}; use none or a comma list of shift=N, crop=H[xW], "
                     "flip, brightness=D, contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, divisor=D, "
-                    "channel-standardize"
+                    "channel-standardize, hvc (or hvc-rotate=DEG, hvc-shift, hvc-squish=N, hvc-erase=N)"
                 ) from None
         return cls(**spec)
 

@@ -16,6 +16,7 @@ from .baseline import BaselineCNN
 from .capsnet import CapsNet
 from .efficient_capsnet import EfficientCapsNet
 from .em_capsnet import EMCapsNet
+from .hvc_capsnet import HVCCapsNet
 from .inverted_attention_capsnet import InvertedAttentionCapsNet
 from .pretrained import Pretrained
 from .self_routing_capsnet import SelfRoutingCapsNet
@@ -78,6 +79,7 @@ register_model("em-capsnet", EMCapsNet)
 register_model("efficient-capsnet", EfficientCapsNet)
 register_model("inverted-attention-capsnet", InvertedAttentionCapsNet)
 register_model("self-routing-capsnet", SelfRoutingCapsNet)
+register_model("hvc-capsnet", HVCCapsNet)
 
 
 def model_class(name: str) -> type[Pretrained]:

@@ -28,9 +28,10 @@ class TrainConfig:
     augment: str = field(
         default="auto",
         metadata={
-            "help": "training augmentation: auto (the data set's default, shown by `capsnet data info`), none, "
+            "help": "training augmentation: auto (the model recipe's where it has one, else the data set's default "
+            "shown by `capsnet data info`), none, "
             "or a comma list of shift=N, crop=H[xW], flip, brightness=D, contrast=LO:HI, rotate=DEG, zoom=LO:HI, "
-            "standardize"
+            "standardize, hvc (Byerly et al.'s; hvc-capsnet's default on MNIST-format sets)"
         },
     )
     image_size: str | None = field(
@@ -56,7 +57,11 @@ class TrainConfig:
     )
     epochs: int = field(default=10, metadata={"help": "number of epochs"})
     batch_size: int | None = field(
-        default=None, metadata={"help": "images per step, per process; if unset, 16 on CPU and 128 on CUDA"}
+        default=None,
+        metadata={
+            "help": "images per step, per process; if unset, the model's recipe (hvc-capsnet: 120), else 16 on "
+            "CPU and 128 on CUDA"
+        },
     )
     lr: float | None = field(
         default=None, metadata={"help": "Adam learning rate; if unset, the model's (CapsNet 1e-3, baseline CNN 1e-4)"}

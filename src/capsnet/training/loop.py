@@ -142,12 +142,14 @@ def build(config: TrainConfig, model_config, device: torch.device, dist, task: T
         raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it, or choose another --out")
     if config.resume and not has_state:
         raise ConfigError(f"--resume: {run_dir} holds no {STATE_NAME} to continue from")
-    if config.batch_size is None:  # the device's documented default (capsnet.training.hardware)
-        config = dataclasses.replace(config, batch_size=default_batch_size(device))
+    if config.batch_size is None:  # the model's recipe, else the device's default (capsnet.training.hardware)
+        recipe = getattr(MODELS[config.model], "default_batch_size", None)
+        config = dataclasses.replace(config, batch_size=recipe or default_batch_size(device))
         if dist.is_main:
+            whose = f"{config.model}'s recipe" if recipe else f"the {device.type} defaults"
             print(
-                f"batch size {config.batch_size} per process, lr {config.learning_rate:g} (the {device.type} "
-                "defaults; set --batch-size and --lr to change)",
+                f"batch size {config.batch_size} per process, lr {config.learning_rate:g} ({whose}; set "
+                "--batch-size and --lr to change)",
                 flush=True,
             )
     note = precision_note(device, config.precision)
