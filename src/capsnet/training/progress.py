@@ -176,7 +176,8 @@ class _Logger:
         if self.enabled and interrupted:
             why = signal.Signals(signum).name if signum else "stop requested"
             if not kept_epoch:
-                where = f"checkpoint saved at epoch {epoch + 1}, batch {batch}; continue with --resume"
+                again = "resume=True" if isinstance(self.config, FitConfig) else "--resume"
+                where = f"checkpoint saved at epoch {epoch + 1}, batch {batch}; continue with {again}"
             elif epoch == 0:
                 where = f"stopped in epoch 1 at batch {batch}, before any checkpoint (the data is an iterable)"
             else:

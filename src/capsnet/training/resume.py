@@ -53,7 +53,9 @@ def read_record(run_dir: str | Path) -> dict[str, Any] | None:
 def recorded_settings(meta: dict[str, Any], config_class: type) -> dict[str, Any]:
     """The record's "train" settings that `config_class` has (in today's meaning of each key)."""
     names = {f.name for f in dataclasses.fields(config_class)}
-    return {k: v for k, v in upgrade_train_dict(dict(meta["train"])).items() if k in names}
+    train = dict(meta["train"])
+    train = upgrade_train_dict(train) if config_class is TrainConfig else train
+    return {k: v for k, v in train.items() if k in names}
 
 
 def recorded_model_name(saved: dict[str, Any], run_dir: Path) -> str | None:
