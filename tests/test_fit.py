@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -362,3 +363,27 @@ def test_fit_under_torchrun_two_cpu_processes(tmp_path, kind):
     state = load_state(out)
     steps = {"dataset": 2 * 6, "dataloader": 2 * 6}[kind]  # 91 of 101 (10 held out) / 2 ranks / 8; 96 / 2 / 8
     assert state["step"] == steps and [r["epoch"] for r in read_summary(out)] == [1, 2]
+
+
+# ------------------------------------------------------------------------------------------------ the README
+def _readme_fit_example() -> str:
+    """The README's Python block that calls capsnet.fit."""
+    text = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    (block,) = [b for b in blocks if "capsnet.fit(" in b]
+    return block
+
+
+def test_the_readmes_fit_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    """On data of its format (an .npz of uint8 [N, 32, 32, 3] images and labels of 5 classes), one epoch."""
+    rng = np.random.default_rng(0)
+    for name, n in (("train.npz", 30), ("test.npz", 10)):
+        np.savez(tmp_path / name, x=rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), y=np.arange(n) % 5)
+    code = _readme_fit_example()
+    assert code.count("epochs=10") == 1
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.replace("epochs=10", "epochs=1"), "README.md", "exec"), {"__name__": "readme"})
+    assert (tmp_path / "runs" / "shapes" / "test.json").is_file()
+    report = json.loads((tmp_path / "runs" / "shapes" / "test.json").read_text())
+    assert report["selected_on"] == "val_acc" and report["best"]["n"] == 10
+    assert "'metric': 'val_acc'" in capsys.readouterr().out

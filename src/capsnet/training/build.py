@@ -132,7 +132,7 @@ def saved_model_config(model_class: type[Pretrained], saved: dict, run_dir: Path
     try:
         return from_dict(model_class.config_class, saved_config, what=f"{run_dir}/{STATE_NAME}")
     except ConfigError as e:
-        run_model = f"model {recorded!r}" if recorded else "another model"
+        run_model = f"model {recorded!r}" if recorded and recorded != name else "another model"
         raise CheckpointError(f"{run_dir / STATE_NAME}: a run of {run_model}, not of {name!r} ({e})") from None
 
 
