@@ -24,7 +24,7 @@ from capsnet.data import Split
 from capsnet.errors import CapsNetError, CheckpointError, ConfigError, DatasetError
 from capsnet.training.checkpoint import load_state, read_summary
 from capsnet.training.evaluate import evaluate
-from capsnet.training.loader import SeededSampler
+from capsnet.training.loader import LoaderTask, SeededSampler
 
 QUIET = {"progress": False, "tensorboard": False, "device": "cpu"}
 
@@ -163,6 +163,32 @@ def test_evaluate_a_module_of_ones_own_counts_predictions_outside_the_labels_as_
     outside = evaluate(Constant(7), split)
     assert outside["accuracy"] == 0 and outside["n"] == 6 and outside["confusion"] == [[0] * 3] * 3
     assert outside["per_class"] == [0.0, 0.0, 0.0]
+
+
+class Centred(Tiny):
+    """A module of one's own with the optional data-dependent initialisation hook."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(()))
+        self.calls: list[torch.Tensor] = []
+
+    def init_from_data(self, images):
+        self.calls.append(images.clone())
+        self.seen += len(images)
+
+
+def test_init_from_data_sees_the_first_batch_once_and_never_on_resume(tmp_path):
+    model, data = Centred(), Stripes(100)
+    kw = dict(epochs=1, out=tmp_path / "run", batch_size=16, precision="bf16", **QUIET)
+    capsnet.fit(model, data, **kw)
+    (first,) = model.calls  # rank 0's first batch of epoch 0 (of the 90 examples left after the hold-out)
+    kept = LoaderTask(data).source.data  # (the same seeded hold-out)
+    order = list(SeededSampler(len(kept), seed=0))[:16]
+    assert torch.equal(first, torch.stack([kept[i][0] for i in order]))
+    again = Centred()
+    capsnet.fit(again, data, resume=True, **{**kw, "epochs": 2})
+    assert again.calls == [] and int(again.seen) == 16  # restored from state.pt, not initialised again
 
 
 # ------------------------------------------------------------------------------------------------ resume

@@ -4,7 +4,7 @@ A model option is one flag, `--field-name`, shared by the models whose configs h
 types must agree). A flag that the chosen `--model` does not take is an error, not silently ignored.
 
 `--resume` continues the run in --out with the settings its config.json records: a flag (or --config key) given
-again must agree with them unless it may change on resume (capsnet.training.resume.MAY_CHANGE).
+again must agree with them unless it may change on resume (capsnet.training.record.MAY_CHANGE).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..data import folder
 from ..errors import ConfigError
 from ..models.registry import MODELS
 from ..training.loop import DATA_FIELDS, TrainConfig, train
-from ..training.resume import read_record, resumed_configs
+from ..training.record import read_record, resumed_configs
 
 
 @dataclasses.dataclass

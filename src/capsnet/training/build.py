@@ -27,7 +27,7 @@ from .checkpoint import STATE_NAME, load_state
 from .config import FitConfig, TrainConfig
 from .hardware import default_batch_size, precision_note
 from .memory import check_memory
-from .resume import check_recorded, fill_unset, recorded_model_name
+from .record import check_recorded, fill_unset, recorded_model_name
 from .state import check_validation, resumed_validation
 from .tasks import ClassificationTask, Task
 

@@ -185,8 +185,9 @@ class FitConfig:
 @dataclass
 class TrainResult:
     """What a run did. `best` is {"epoch", "step", "metric", "value"}: the epoch best/ holds and the figure it was
-    chosen on ("val_acc", or "test_acc" without a validation split). `test` is the run's test.json once it has
-    finished: {"selected_on", "best": {"epoch", "accuracy", "loss", "n"}, "last": {...}}; None before."""
+    chosen on ("val_acc"; "test_acc" without a validation split; "train_loss" with neither, capsnet.fit's). `test`
+    is the run's test.json once it has finished: {"selected_on", "best": {"epoch", "accuracy", "loss", "n"},
+    "last": {...}}; None before."""
 
     run_dir: Path
     epochs_done: int

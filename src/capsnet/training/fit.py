@@ -35,7 +35,7 @@ from .config import FitConfig, TrainResult
 from .loader import LoaderTask
 from .loop import launch
 from .memory import check_memory
-from .resume import check_recorded
+from .record import check_recorded
 from .state import check_data, check_validation
 
 PROTOCOL = ("forward(images, labels=None) returning an object with .predictions [B], and loss(out, images, labels) "
@@ -81,7 +81,7 @@ def fit(
 
     `resume=True` continues the run in `out`: from the batch where it stopped for a Dataset, or from the start of the
     first unfinished epoch for an iterable. The model and data are given again; the settings must be the run's
-    (the epochs, device, precision, progress, ... may change: capsnet.training.resume.MAY_CHANGE).
+    (the epochs, device, precision, progress, ... may change: capsnet.training.record.MAY_CHANGE).
     """
     if not isinstance(model, nn.Module):
         raise ConfigError(f"fit: model must be an nn.Module, got {type(model).__name__}")

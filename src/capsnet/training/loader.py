@@ -32,7 +32,7 @@ from ..data.batching import epoch_indices, num_batches
 from ..data.split import holdout_indices, to_float
 from ..errors import ConfigError, DatasetError
 from . import distributed as dist_utils
-from .resume import FIT_TASK
+from .record import FIT_TASK
 from .tasks import Batch, Task, evaluate_batches, mix_seed
 
 

@@ -36,7 +36,7 @@ from .config import DATA_FIELDS, FitConfig, TrainConfig, TrainResult
 from .hardware import rank_device, resolve_device
 from .profiling import phase
 from .progress import _Logger, _StopFlag
-from .resume import resumed_configs
+from .record import resumed_configs
 from .state import EpochSums, RunState, restore, save_checkpoint
 from .tasks import Batch, Task
 
@@ -61,7 +61,7 @@ def train(
     MNIST classification recipe on `config.dataset` (its dataset, subset and shift fields).
 
     Resuming (`config.resume`), `config` must agree with the run's recorded settings but for what may change
-    (capsnet.training.resume.MAY_CHANGE); its unset (None) fields are the run's. :func:`resume` takes them all from
+    (capsnet.training.record.MAY_CHANGE); its unset (None) fields are the run's. :func:`resume` takes them all from
     the run.
     """
     return launch(config, lambda device, dist: build(config, model_config, device, dist, task), on_step)
@@ -71,7 +71,7 @@ def resume(out: str | Path, *, on_step: Callable[[int], bool] | None = None, **c
     """Continue the `capsnet train` run in `out` with its own recorded settings (config.json), as
     `capsnet train --out OUT --resume` does. `changes` are TrainConfig fields or model options given again: each
     must agree with the record unless it may change on resume (e.g. epochs=20, device="cuda"; see
-    capsnet.training.resume.MAY_CHANGE); otherwise a ConfigError names it and both values."""
+    capsnet.training.record.MAY_CHANGE); otherwise a ConfigError names it and both values."""
     names = set(TrainConfig.__dataclass_fields__)
     given = {k: v for k, v in changes.items() if k in names}
     config, model_config = resumed_configs(out, given, {k: v for k, v in changes.items() if k not in names})
