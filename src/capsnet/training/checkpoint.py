@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
 
 from .._version import __version__
 from ..errors import CheckpointError
@@ -144,6 +145,20 @@ def model_name(model: torch.nn.Module) -> str:
     if isinstance(model_type, str):
         return MODELS.canonical(model_type) if model_type in MODELS else model_type
     return f"{type(model).__module__}.{type(model).__qualname__}"
+
+
+def load_weights(model: torch.nn.Module, path: Path, *, device: torch.device) -> None:
+    """A view's model.safetensors loaded into `model`, strictly; CheckpointError (one line) when it cannot be read or
+    does not fit."""
+    try:
+        state = load_file(str(path), device=str(device))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a valid safetensors file ({e})") from None
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = " ".join(line.strip() for line in str(e).strip().splitlines()[:2])
+        raise CheckpointError(f"{path}: weights do not fit the run's {model_name(model)} ({first})") from None
 
 
 def save_model(model: torch.nn.Module, folder: Path, *, metadata: dict[str, Any]) -> None:

@@ -24,14 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from ..fileio import atomic_write_json
 from ..models.pretrained import WEIGHTS_NAME
 from . import distributed as dist_utils
 from . import graphs
 from .build import Run, build, make_adam
-from .checkpoint import TEST_NAME, remove_strays
+from .checkpoint import TEST_NAME, load_weights, remove_strays
 from .config import DATA_FIELDS, FitConfig, TrainConfig, TrainResult
 from .hardware import rank_device, resolve_device
 from .profiling import phase
@@ -223,7 +222,7 @@ def final_test(run: Run, state: RunState) -> dict[str, Any]:
     best_weights = run.dir / "best" / WEIGHTS_NAME
     if best_weights.is_file():
         best_model = copy.deepcopy(run.model)
-        best_model.load_state_dict(load_file(str(best_weights), device=str(run.device)))
+        load_weights(best_model, best_weights, device=run.device)
         best = run.task.evaluate(best_model, **kwargs)
         del best_model
         report["best"] = {"epoch": state.best.get("epoch"), state.best.get("metric", "value"): state.best.get("value"),
