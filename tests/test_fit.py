@@ -413,3 +413,12 @@ def test_the_readmes_fit_example_runs_as_written(tmp_path, monkeypatch, capsys):
     report = json.loads((tmp_path / "runs" / "shapes" / "test.json").read_text())
     assert report["selected_on"] == "val_acc" and report["best"]["n"] == 10
     assert "'metric': 'val_acc'" in capsys.readouterr().out
+
+
+def test_a_resumed_fit_takes_the_settings_not_given_from_the_run(tmp_path):
+    kw = dict(epochs=1, out=tmp_path / "run", **QUIET)
+    capsnet.fit(_tiny(), Stripes(40), batch_size=8, lr=3e-3, lr_decay=0.5, **kw)
+    capsnet.fit(_tiny(), Stripes(40), resume=True, **{**kw, "epochs": 2})  # no batch_size, lr, lr_decay
+    meta = json.loads((tmp_path / "run" / "config.json").read_text())["train"]
+    assert (meta["batch_size"], meta["lr"], meta["lr_decay"], meta["epochs"]) == (8, 3e-3, 0.5, 2)
+    assert [r["lr"] for r in read_summary(tmp_path / "run")] == pytest.approx([3e-3, 1.5e-3])

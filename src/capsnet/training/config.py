@@ -139,7 +139,7 @@ class FitConfig:
     model: str = ""  # what is trained: a registered model's name, or the module's qualified class name
     batch_size: int | None = None  # a Dataset's images per step, per process (an iterable batches for itself)
     eval_batch_size: int = 250
-    lr: float = 1e-3
+    lr: float | None = None  # (None: 1e-3; capsnet.fit gives the model's default_lr, or a resumed run's own)
     lr_decay: float | None = None
     lr_end: float = 0.25
     val_fraction: float = 0.1  # held out of a Dataset given without val_data
@@ -167,12 +167,13 @@ class FitConfig:
             raise ConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
-        if not (self.lr > 0 and 0 < self.lr_end <= 1 and (self.lr_decay is None or 0 < self.lr_decay <= 1)):
+        lr_ok = self.lr is None or self.lr > 0
+        if not (lr_ok and 0 < self.lr_end <= 1 and (self.lr_decay is None or 0 < self.lr_decay <= 1)):
             raise ConfigError("need lr > 0, 0 < lr_decay <= 1 and 0 < lr_end <= 1")
 
     @property
     def learning_rate(self) -> float:
-        return self.lr
+        return self.lr if self.lr is not None else 1e-3
 
     @property
     def decay_per_epoch(self) -> float:

@@ -91,8 +91,8 @@ def fit(
     cls = type(model)
     config = FitConfig(
         epochs=epochs, out=str(out), model=model_name(model), batch_size=batch_size, eval_batch_size=eval_batch_size,
-        lr=lr if lr is not None else getattr(cls, "default_lr", 1e-3),
-        lr_decay=lr_decay if lr_decay is not None else getattr(cls, "default_lr_decay", None),
+        lr=lr if lr is not None or resume else getattr(cls, "default_lr", 1e-3),  # (resuming, unset: the run's)
+        lr_decay=lr_decay if lr_decay is not None or resume else getattr(cls, "default_lr_decay", None),
         lr_end=lr_end, val_fraction=val_fraction, val_seed=val_seed, seed=seed, workers=workers, device=device,
         precision=precision, compile=compile, channels_last=channels_last, progress=progress,
         tensorboard=tensorboard, resume=resume,

@@ -170,7 +170,7 @@ def resumed_configs(
     model_class = MODELS[config.model]
     saved: dict[str, Any] = meta["model"] if isinstance(meta.get("model"), dict) else {}
     model_config: Any = from_dict(model_class.config_class, {**model_class.saved_defaults, **saved},
-                             what=f"{run_dir}/config.json model")  # fmt: skip
+                                  what=f"{run_dir}/config.json model")  # fmt: skip
     options = {f.name for f in dataclasses.fields(model_config) if f.init}
     for key, value in (model_given or {}).items():
         if key not in options:
