@@ -138,8 +138,8 @@ def test_a_pretrained_that_is_neither_tag_nor_folder_names_the_shipped_tags(weig
     hub.save_shipped(CapsNet(config=small_config()), name="capsnet", tag="mnist-sample", card=CARD)
     with pytest.raises(ConfigError, match=r"shipped: mnist-sample"):
         create_model("capsnet", pretrained="fashion-mnist")
-    with pytest.raises(ConfigError, match="URLs are not supported"):
-        create_model("capsnet", pretrained="https://example.com/capsnet")
+    with pytest.raises(ConfigError, match=r"give the SHA-256 of the folder's model\.safetensors"):
+        create_model("capsnet", pretrained="https://example.com/capsnet")  # (refused before any download)
     with pytest.raises(ConfigError, match=r"no shipped weights 'nope' for capsnet \(shipped: mnist-sample\)"):
         load_pretrained("capsnet:nope")
 

@@ -120,7 +120,7 @@ BAD_VALUES = {
     "choice": ["no-such-choice"],
     "device": ["quantum", "cuda:99" if torch.cuda.is_available() else "cuda"],
     "name": ["no-such-name"],
-    "pretrained": ["no-such-model:tag", "capsnet:no-such-tag", "capsnet"],
+    "pretrained": ["no-such-model:tag", "capsnet:no-such-tag", "capsnet", "http://127.0.0.1:9/no-sha256"],
     "augment": ["warp=3"],
     "size": ["0", "big"],
     "folder": ["missing", "a file", "unreadable"],

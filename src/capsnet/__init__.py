@@ -12,6 +12,7 @@ from .nn.losses import MarginLoss, capsule_lengths, reconstruction_loss
 from .nn.primary import PrimaryCapsules
 from .nn.squash import Squash, squash
 from .routing.dynamic import Router, RoutingResult, dynamic_routing
+from .training.fit import fit
 
 __all__ = [
     "CapsNet",
@@ -32,6 +33,7 @@ __all__ = [
     "create_model",
     "dynamic_routing",
     "export_model",
+    "fit",
     "list_models",
     "load_pretrained",
     "reconstruction_loss",

@@ -172,6 +172,15 @@ def file_digest(path: str | os.PathLike, algorithm=hashlib.md5) -> str:
     return h.hexdigest()
 
 
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """capsnet's cache folder, where downloaded data sets and pretrained weights live: `cache_dir`, else
+    `$CAPSNET_DATA`, else `~/.cache/capsnet`."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("CAPSNET_DATA")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "capsnet"
+
+
 @contextlib.contextmanager
 def file_lock(path: str | os.PathLike) -> Iterator[None]:
     """Hold an exclusive lock on the file `path` (created if need be, removed on release) while the block runs;
@@ -207,4 +216,4 @@ def file_lock(path: str | os.PathLike) -> Iterator[None]:
         os.close(fd)
 
 
-__all__ = ["BACKOFF_S", "RETRIES", "TIMEOUT_S", "DownloadError", "fetch_url", "file_digest", "file_lock"]
+__all__ = ["BACKOFF_S", "RETRIES", "TIMEOUT_S", "DownloadError", "cache_root", "fetch_url", "file_digest", "file_lock"]

@@ -1,5 +1,6 @@
 """The model a command works on: `--checkpoint PATH` (a run folder or a save_pretrained folder) or
-`--pretrained NAME:TAG` (weights shipped with capsnet; `capsnet models` lists them)."""
+`--pretrained NAME:TAG` (weights shipped with capsnet; `capsnet models` lists them) or `--pretrained URL#sha256=HEX`
+(a published save_pretrained folder, downloaded into the cache: capsnet.models.hub)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import os
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..models.hub import resolve_ref
+from ..models.hub import fetch_pretrained, is_url, resolve_ref
 
 CHECKPOINT_HELP = "run folder (uses best/, else last/) or save_pretrained folder"
-PRETRAINED_HELP = "weights shipped with capsnet, NAME:TAG (e.g. capsnet:mnist-sample; `capsnet models` lists them)"
+PRETRAINED_HELP = (
+    "weights shipped with capsnet, NAME:TAG (e.g. capsnet:mnist-sample; `capsnet models` lists "
+    "them), or a published save_pretrained folder, URL#sha256=SHA256_OF_MODEL_SAFETENSORS"
+)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, repeat: str | None = None) -> None:
@@ -28,7 +32,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, repeat: str | None =
 
 
 def pretrained_folder(ref: str) -> Path:
-    """The folder of the shipped weights NAME:TAG; ConfigError for an unknown model or tag."""
+    """The folder of the shipped weights NAME:TAG (ConfigError for an unknown model or tag), or of a URL's."""
+    if is_url(ref):
+        return fetch_pretrained(ref)
     if ":" not in ref:
         raise ConfigError(f"--pretrained {ref}: expected NAME:TAG, e.g. capsnet:mnist-sample")
     return resolve_ref(ref)

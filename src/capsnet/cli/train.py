@@ -2,6 +2,9 @@
 
 A model option is one flag, `--field-name`, shared by the models whose configs have a field of that name (their
 types must agree). A flag that the chosen `--model` does not take is an error, not silently ignored.
+
+`--resume` continues the run in --out with the settings its config.json records: a flag (or --config key) given
+again must agree with them unless it may change on resume (capsnet.training.record.MAY_CHANGE).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ..data import folder
 from ..errors import ConfigError
 from ..models.registry import MODELS
 from ..training.loop import DATA_FIELDS, TrainConfig, train
+from ..training.record import read_record, resumed_configs
 
 
 @dataclasses.dataclass
@@ -111,6 +115,20 @@ def configs_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Any]:
     return config, dataclass_from_args(config_class, model_args, model_base)
 
 
+def resumed_from_args(args: argparse.Namespace, run_dir: Path) -> tuple[TrainConfig, Any]:
+    """The TrainConfig and model config of the run in `run_dir`, as it recorded them, with the flags (and --config
+    keys) given now: each must agree with the record unless it may change on resume."""
+    base = load_config_file(args.config_file) if args.config_file else {}
+    model_base = base.pop("model", {}) or {}
+    if not isinstance(model_base, dict):
+        raise ConfigError(f"{args.config_file}: 'model' must be a mapping")
+    flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig) if f.init}
+    given = {**base, **{k: list(v) if isinstance(v, tuple) else v for k, v in flags.items() if v is not None}}
+    options = {name: getattr(args, name, None) for name in model_options()}
+    model_given = {**model_base, **{k: v for k, v in options.items() if v is not None and k not in DATA_FIELDS}}
+    return resumed_configs(run_dir, given, model_given, style="flag")
+
+
 def _single_folder(dataset: str) -> bool:
     """Whether `dataset` is one image folder of classes with no test split (split by --test-fraction)."""
     path = Path(dataset).expanduser()
@@ -122,7 +140,11 @@ def _reject(what: str, model: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config, model_config = configs_from_args(args)
+    run_dir = Path(args.out if args.out is not None else field_default(TrainConfig.__dataclass_fields__["out"]))
+    if args.resume and read_record(run_dir) is not None:  # the run's own settings, and the flags given again
+        config, model_config = resumed_from_args(args, run_dir)
+    else:
+        config, model_config = configs_from_args(args)
     if args.val_fraction is not None and args.test_fraction is None and _single_folder(config.dataset):
         print("capsnet train: --val-fraction now holds out validation images; a folder without a test split holds "
               f"out --test-fraction (default {config.test_fraction}) of each class for testing (deprecated "

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DatasetError, DownloadError
+from ..fetch import cache_root as cache_root  # (capsnet's cache folder: data sets and pretrained weights)
 from ..fetch import fetch_url, file_digest, file_lock
 from ..fileio import atomic_open
 
@@ -163,14 +164,6 @@ TRIES_PER_MIRROR = 3
 RETRY_BACKOFF_S = 1.0  # doubled after each failed try
 TIMEOUT_S = 20.0  # per connect / per read, not for the whole file
 _CHUNK = 1 << 16
-
-
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where downloaded sets live: `cache_dir`, else `$CAPSNET_DATA`, else `~/.cache/capsnet`."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("CAPSNET_DATA")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "capsnet"
 
 
 def mirror_list(name: str, mirrors: list[str] | None = None) -> list[str]:

@@ -55,20 +55,29 @@ def stratified_holdout(split: Split, fraction: float, *, seed: int) -> tuple[Spl
     """(kept, held out): a seeded, stratified `fraction` of `split` held out (e.g. a validation split of a
     training split). Each class gives its share (:func:`holdout_counts`); both parts keep the original order.
     The draw depends on (seed, labels) alone, so the same split comes back on every run and rank."""
+    kept_idx, held_idx = holdout_indices(split.labels, fraction, seed=seed)
+    return split.take(kept_idx), split.take(held_idx)
+
+
+def holdout_indices(labels: torch.Tensor, fraction: float, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, held out) indices [int64] of :func:`stratified_holdout` for class indices `labels` [N], each part
+    in the original order."""
     if not 0 < fraction < 1:
         raise DatasetError(f"a held-out fraction must be in (0, 1), got {fraction}")
-    labels = split.labels.numpy()
-    if len(labels) < 2:
-        raise DatasetError(f"cannot hold out {fraction:g} of {len(labels)} example(s)")
-    n_classes = int(labels.max()) + 1
-    counts = holdout_counts(np.bincount(labels, minlength=n_classes), fraction)
+    labels_np = labels.cpu().numpy()
+    if len(labels_np) < 2:
+        raise DatasetError(f"cannot hold out {fraction:g} of {len(labels_np)} example(s)")
+    if labels_np.min() < 0:
+        raise DatasetError(f"labels must be class indices >= 0, got {int(labels_np.min())}")
+    n_classes = int(labels_np.max()) + 1
+    counts = holdout_counts(np.bincount(labels_np, minlength=n_classes), fraction)
     rng = np.random.default_rng(seed)
-    held = np.zeros(len(labels), dtype=bool)
+    held = np.zeros(len(labels_np), dtype=bool)
     for k in range(n_classes):
-        members = np.flatnonzero(labels == k)
+        members = np.flatnonzero(labels_np == k)
         held[rng.permutation(members)[: counts[k]]] = True
     kept_idx, held_idx = (torch.from_numpy(np.flatnonzero(m)) for m in (~held, held))
-    return split.take(kept_idx), split.take(held_idx)
+    return kept_idx, held_idx
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Weights that ship inside the package, loaded offline by `create_model(NAME, pretrained=TAG)`,
-`load_pretrained("NAME:TAG")` and `capsnet evaluate --pretrained NAME:TAG`.
+`load_pretrained("NAME:TAG")` and `capsnet evaluate --pretrained NAME:TAG`; and save_pretrained folders published
+at a URL (:func:`fetch_pretrained`).
 
     WEIGHTS_ROOT/<model name>/<tag>/config.json        a save_pretrained folder ...
                                    /model.safetensors
@@ -7,6 +8,13 @@
 
 WEIGHTS_ROOT is the package's `models/weights/` folder; the environment variable CAPSNET_WEIGHTS_DIR names another
 root instead (tests, or a shared folder of weights). :func:`save_shipped` writes a folder with its card.
+
+A URL names a save_pretrained folder on a web server, with the SHA-256 of its weights in the fragment:
+`https://host/path/folder#sha256=<the 64 hex digits of sha256sum model.safetensors>`. Both files are downloaded
+with :func:`capsnet.fetch.fetch_url` (retries, Content-Length, atomic writes, a lock) into the cache,
+CACHE/pretrained/<sha256>/; the weights must have that SHA-256 (a URL without one is refused), and config.json is
+read strictly and must fit them (the weights load strictly into the model it describes). A cached folder whose
+weights still have the SHA-256 is used without asking the server again.
 """
 
 from __future__ import annotations
@@ -14,10 +22,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError
+from ..fetch import cache_root, fetch_url
 from ..fileio import atomic_write_json
 
 WEIGHTS_ROOT = Path(__file__).with_name("weights")
@@ -72,13 +82,44 @@ def resolve_ref(ref: str) -> Path:
     return shipped_folder(MODELS.canonical(name), tag)
 
 
+def is_url(text: Any) -> bool:
+    """Whether `text` is an http(s) URL (of a published save_pretrained folder)."""
+    return isinstance(text, str) and text.lower().startswith(("https://", "http://"))
+
+
+def fetch_pretrained(url: str, *, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The save_pretrained folder published at `url` (`...#sha256=HEX`, see the module docstring), downloaded into
+    capsnet's cache (:func:`capsnet.fetch.cache_root`) unless it is there already; returns the cached folder."""
+    base, fragment = urllib.parse.urldefrag(url)
+    sha256 = (urllib.parse.parse_qs(fragment).get("sha256") or [""])[0].lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise ConfigError(f"{url}: give the SHA-256 of the folder's model.safetensors in the URL, as "
+                          "URL#sha256=<64 hex digits> (sha256sum model.safetensors); a URL without one is "
+                          "refused")  # fmt: skip
+    base = base.removesuffix("model.safetensors").removesuffix("config.json")
+    base = base if base.endswith("/") else base + "/"
+    folder = cache_root(cache_dir) / "pretrained" / sha256
+    fetch_url(base + "model.safetensors", folder / "model.safetensors", sha256=sha256)
+    config = fetch_url(base + "config.json", folder / "config.json")  # (kept when cached: named by the weights)
+    try:
+        meta = json.loads(config.read_text(encoding="utf-8"))
+        fine = isinstance(meta, dict) and isinstance(meta.get("config"), dict) and "model_type" in meta
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        fine = False
+    if not fine:
+        config.unlink()  # (not kept: the next try downloads it again)
+        raise CheckpointError(f"{base}config.json: not the config.json of a save_pretrained folder")
+    return folder
+
+
 def resolve_pretrained(name: str, pretrained: str | os.PathLike) -> Path:
     """The save_pretrained folder that `create_model(name, pretrained=...)` loads: a shipped tag of model `name`,
-    or a folder (a save_pretrained folder, or a training run folder: its best/, else last/)."""
+    a URL of a published folder (:func:`fetch_pretrained`), or a folder (a save_pretrained folder, or a training
+    run folder: its best/, else last/)."""
     if isinstance(pretrained, str) and pretrained in shipped_tags(name):
         return weights_root() / name / pretrained
-    if isinstance(pretrained, str) and pretrained.startswith(("http://", "https://")):
-        raise ConfigError(f"pretrained={pretrained!r}: URLs are not supported; pass a shipped tag or a folder")
+    if is_url(pretrained):
+        return fetch_pretrained(str(pretrained))
     folder = Path(pretrained).expanduser()
     if folder.is_dir():
         if not (folder / "model.safetensors").is_file():
@@ -141,6 +182,8 @@ __all__ = [
     "CARD_FIELDS",
     "WEIGHTS_DIR_ENV",
     "WEIGHTS_ROOT",
+    "fetch_pretrained",
+    "is_url",
     "read_card",
     "resolve_pretrained",
     "save_shipped",

@@ -113,15 +113,18 @@ class Pretrained(_ModuleBase):
 
 
 def load_pretrained(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu", **overrides: Any) -> Any:
-    """Load any registered model (CapsNet, BaselineCNN, ...) from its `save_pretrained` folder, or shipped weights
-    by "NAME:TAG" (e.g. "capsnet:fashion-mnist"); `overrides` as :meth:`Pretrained.from_pretrained`."""
+    """Load any registered model (CapsNet, BaselineCNN, ...) from its `save_pretrained` folder, shipped weights
+    by "NAME:TAG" (e.g. "capsnet:fashion-mnist") or a published folder by URL#sha256=HEX (capsnet.models.hub);
+    `overrides` as :meth:`Pretrained.from_pretrained`."""
     load = Pretrained.from_pretrained.__func__  # type: ignore[attr-defined]
     return load(Pretrained, directory, map_location=map_location, **overrides)
 
 
 def _folder(directory: str | os.PathLike) -> Path:
-    from .hub import is_ref, resolve_ref
+    from .hub import fetch_pretrained, is_ref, is_url, resolve_ref
 
+    if is_url(directory):
+        return fetch_pretrained(str(directory))
     if isinstance(directory, str) and is_ref(directory):
         return resolve_ref(directory)
     return Path(directory)
@@ -181,6 +184,9 @@ def _read_config(directory: Path) -> tuple[str, dict[str, Any]]:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if isinstance(meta, dict) and "module" in meta and "model_type" not in meta:
+        raise CheckpointError(f"{path}: the weights of a module of one's own ({meta['module']}), not a capsnet model; "
+                              "load them with model.load_state_dict(safetensors.torch.load_file(...))")  # fmt: skip
     if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict) or "model_type" not in meta:
         hint = "; a training run folder? give its best/ or last/" if isinstance(meta, dict) and "train" in meta else ""
         raise CheckpointError(f"{path}: expected keys 'model_type' and 'config'{hint}")

@@ -2,8 +2,10 @@
 
     RUN_DIR/config.json    {"train": TrainConfig, "model": CapsNetConfig}
     RUN_DIR/summary.csv    one row per epoch (COLUMNS)
-    RUN_DIR/last/, best/   save_pretrained folders (config.json + model.safetensors); best/ is the epoch of the
-                           highest validation accuracy (test accuracy only without a validation split)
+    RUN_DIR/last/, best/   save_pretrained folders (config.json + model.safetensors; for a module of one's own,
+                           trained by capsnet.fit, its state_dict in model.safetensors and a config.json naming its
+                           class: :func:`save_model`); best/ is the epoch of the highest validation accuracy (test
+                           accuracy without a validation split; the lowest training loss with neither)
     RUN_DIR/state.pt       resumable state: weights, optimizer, scheduler, epoch/step, RNG states, history
                            (RNG: the CPU generator, every rank's augmentation stream, and on CUDA the device's
                            generator, e.g. for dropout)
@@ -30,10 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
 
+from .._version import __version__
 from ..errors import CheckpointError
-from ..fileio import atomic_open
+from ..fileio import atomic_open, atomic_write_bytes, atomic_write_json
 from ..models.pretrained import CONFIG_NAME, WEIGHTS_NAME, Pretrained
+from ..models.registry import MODELS
 
 STATE_NAME = "state.pt"
 SUMMARY_NAME = "summary.csv"
@@ -121,16 +127,62 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:.6g}"
 
 
-def restore_views(run_dir: Path, state: dict[str, Any], model: Pretrained, *, is_main: bool = True) -> None:
+def restore_views(run_dir: Path, state: dict[str, Any], model: torch.nn.Module, *, is_main: bool = True) -> None:
     """Rewrite the views of `state` (a state.pt just loaded into `model`): last/ from its weights, best/ too when
     that save made the best, summary.csv from its history."""
     if not is_main:
         return
-    model.save_pretrained(run_dir / "last", metadata=view_metadata(state, "last"))
+    save_model(model, run_dir / "last", metadata=view_metadata(state, "last"))
     best = state.get("best") or {}
     if best.get("step") == state["step"] and best.get("epoch") == state["epoch"]:
-        model.save_pretrained(run_dir / "best", metadata=view_metadata(state, "best"))
+        save_model(model, run_dir / "best", metadata=view_metadata(state, "best"))
     write_summary(run_dir, list(state["history"]))
+
+
+def model_name(model: torch.nn.Module) -> str:
+    """What a run records of its model: a registered model's name, else the module's qualified class name."""
+    model_type = getattr(model, "model_type", None)
+    if isinstance(model_type, str):
+        return MODELS.canonical(model_type) if model_type in MODELS else model_type
+    return f"{type(model).__module__}.{type(model).__qualname__}"
+
+
+def load_weights(model: torch.nn.Module, path: Path, *, device: torch.device) -> None:
+    """A view's model.safetensors loaded into `model`, strictly; CheckpointError (one line) when it cannot be read or
+    does not fit."""
+    try:
+        state = load_file(str(path), device=str(device))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a valid safetensors file ({e})") from None
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = " ".join(line.strip() for line in str(e).strip().splitlines()[:2])
+        raise CheckpointError(f"{path}: weights do not fit the run's {model_name(model)} ({first})") from None
+
+
+def save_model(model: torch.nn.Module, folder: Path, *, metadata: dict[str, Any]) -> None:
+    """A view of the run's model: its save_pretrained folder (a capsnet model); for a module of one's own, its
+    state_dict as model.safetensors (loadable with `model.load_state_dict(safetensors.torch.load_file(...))`) and a
+    config.json naming its class. Each file is written atomically, the weights first."""
+    if isinstance(model, Pretrained):
+        model.save_pretrained(folder, metadata=metadata)
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors, seen = {}, set()
+    for key, value in model.state_dict().items():
+        if not isinstance(value, torch.Tensor):
+            raise CheckpointError(f"{type(model).__name__}.state_dict()[{key!r}] is not a tensor; safetensors holds "
+                                  "tensors only")  # fmt: skip
+        value = value.detach().cpu().contiguous()
+        shared = value.untyped_storage().data_ptr() in seen  # (tied weights: each key gets its own copy)
+        seen.add(value.untyped_storage().data_ptr())
+        tensors[key] = value.clone() if shared else value
+    atomic_write_bytes(folder / WEIGHTS_NAME, save(tensors, metadata={"format": "pt"}))
+    meta = {"module": model_name(model), "format": "state_dict", "capsnet_version": __version__,
+            "load": "model.load_state_dict(safetensors.torch.load_file('model.safetensors'))",
+            "checkpoint": metadata}  # fmt: skip
+    atomic_write_json(folder / CONFIG_NAME, meta)
 
 
 def remove_strays(run_dir: Path) -> None:

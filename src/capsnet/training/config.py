@@ -135,10 +135,65 @@ class TrainConfig:
 
 
 @dataclass
+class FitConfig:
+    """How :func:`capsnet.fit` trains: the loop's settings of a TrainConfig without its data and model flags (the
+    data and the model are given as objects). Recorded as the run's "train" settings in config.json."""
+
+    epochs: int
+    out: str
+    model: str = ""  # what is trained: a registered model's name, or the module's qualified class name
+    batch_size: int | None = None  # a Dataset's images per step, per process (an iterable batches for itself)
+    eval_batch_size: int = 250
+    lr: float | None = None  # (None: 1e-3; capsnet.fit gives the model's default_lr, or a resumed run's own)
+    lr_decay: float | None = None
+    lr_end: float = 0.25
+    val_fraction: float = 0.1  # held out of a Dataset given without val_data
+    val_seed: int = 0
+    seed: int = 0
+    workers: int = 0  # DataLoader worker processes reading a Dataset
+    device: str = "auto"
+    precision: Literal["fp32", "bf16"] = "fp32"
+    channels_last: bool = False
+    compile: bool = False
+    progress: bool = True
+    tensorboard: bool = True
+    resume: bool = False
+    cuda_graphs: bool = False  # (the batches of a Dataset or DataLoader are not capturable: always eager)
+    cudnn_benchmark: bool | None = None
+
+    def __post_init__(self) -> None:
+        self.out = str(self.out)
+        for name in ("epochs", "batch_size", "eval_batch_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.workers < 0:
+            raise ConfigError(f"workers must be >= 0, got {self.workers}")
+        if not 0 <= self.val_fraction < 1:
+            raise ConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
+        lr_ok = self.lr is None or self.lr > 0
+        if not (lr_ok and 0 < self.lr_end <= 1 and (self.lr_decay is None or 0 < self.lr_decay <= 1)):
+            raise ConfigError("need lr > 0, 0 < lr_decay <= 1 and 0 < lr_end <= 1")
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else 1e-3
+
+    @property
+    def decay_per_epoch(self) -> float:
+        """`lr_decay` if given, else the factor that brings the last epoch's learning rate to lr × lr_end."""
+        if self.lr_decay is not None:
+            return self.lr_decay
+        return self.lr_end ** (1.0 / (self.epochs - 1)) if self.epochs > 1 else 1.0
+
+
+@dataclass
 class TrainResult:
     """What a run did. `best` is {"epoch", "step", "metric", "value"}: the epoch best/ holds and the figure it was
-    chosen on ("val_acc", or "test_acc" without a validation split). `test` is the run's test.json once it has
-    finished: {"selected_on", "best": {"epoch", "accuracy", "loss", "n"}, "last": {...}}; None before."""
+    chosen on ("val_acc"; "test_acc" without a validation split; "train_loss" with neither, capsnet.fit's). `test`
+    is the run's test.json once it has finished: {"selected_on", "best": {"epoch", "accuracy", "loss", "n"},
+    "last": {...}}; None before."""
 
     run_dir: Path
     epochs_done: int
@@ -164,4 +219,4 @@ def upgrade_train_dict(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-__all__ = ["DATA_FIELDS", "TrainConfig", "TrainResult"]
+__all__ = ["DATA_FIELDS", "FitConfig", "TrainConfig", "TrainResult"]

@@ -26,11 +26,21 @@ from .ensemble import Ensemble
 from .hardware import resolve_device
 
 
+def _input_config(model: torch.nn.Module) -> Any:
+    """The model's config when it records its input (a capsnet model's), else None (a module of one's own)."""
+    cfg = getattr(model, "config", None)
+    return cfg if all(hasattr(cfg, k) for k in ("in_channels", "image_size", "n_classes")) else None
+
+
 def check_split(model: torch.nn.Module, split: Split, *, source: str) -> None:
     """DatasetError unless `split` fits `model`: images [N, in_channels, H, W] of the model's input size, or of the
     size it recorded before its training crops (`source_size`; centre-cropped by :func:`evaluate`), labels in
-    [0, n_classes). `source` names the data in the message."""
-    cfg: Any = model.config
+    [0, n_classes). `source` names the data in the message. A model without such a config: labels >= 0 only."""
+    cfg: Any = _input_config(model)
+    if cfg is None:
+        if len(split) and int(split.labels.min()) < 0:
+            raise DatasetError(f"{source}: labels must be class indices >= 0, got {int(split.labels.min())}")
+        return
     want = (cfg.in_channels, *image_hw(cfg.image_size))
     got_shape = tuple(split.images.shape[1:])
     uncropped = (cfg.in_channels, *getattr(cfg, "source_size", ()))
@@ -56,29 +66,40 @@ def evaluate(
     Returns accuracy, n, loss (mean training loss on these images), per_class accuracy and the confusion
     matrix (rows: true class, columns: predicted). Under torchrun each rank takes every world_size-th
     image and the counts are summed over ranks.
+
+    A capsnet model is fed what its config records (scaling, centre crop) and has its n_classes. A module of one's
+    own (capsnet.fit's protocol) gets the images ÷ 255, and the classes are those of the labels (0 ... max label);
+    a prediction outside them counts as wrong (and in no column of the confusion matrix).
     """
     dist = dist or dist_utils.DistInfo()
     device = torch.device(device)
     was_training = model.training
     model.eval()
-    n_classes: int = cast(Any, model.config).n_classes
+    cfg = _input_config(model)
+    n_classes: int = cfg.n_classes if cfg is not None else int(split.labels.max()) + 1 if len(split) else 1
     images, labels = split.images[dist.rank :: dist.world_size], split.labels[dist.rank :: dist.world_size]
-    scaling = model_scaling(model.config, split)  # uint8 -> what the model was trained on (its config records it)
-    # The loss sum and the confusion counts stay on the device, read once at the end.
-    sums = torch.zeros(1 + n_classes * n_classes, dtype=torch.float64, device=device)  # [loss sum, confusion...]
+    scaling = model_scaling(cfg, split)  # uint8 -> what the model was trained on (its config records it)
+    # The loss sum and the confusion counts stay on the device, read once at the end. Column n_classes of each row
+    # counts the predictions outside [0, n_classes) (none for a capsnet model).
+    width = n_classes + 1
+    sums = torch.zeros(1 + n_classes * width, dtype=torch.float64, device=device)  # [loss sum, confusion...]
     for start in range(0, len(labels), batch_size):
-        x = fit_to_model(scaling(to_float(images[start : start + batch_size].to(device))), model.config)
+        x = scaling(to_float(images[start : start + batch_size].to(device)))
+        x = fit_to_model(x, cfg) if cfg is not None else x
         y = labels[start : start + batch_size].to(device)
         out = model(x)
         loss, _ = cast(Any, model).loss(out, x, y)
         sums[0] += loss.detach().double() * len(y)
-        cell = 1 + y * n_classes + out.predictions  # confusion[true, predicted], flattened after the loss slot
+        predicted = out.predictions.long()
+        predicted = torch.where((predicted >= 0) & (predicted < n_classes), predicted, n_classes)
+        cell = 1 + y * width + predicted  # confusion[true, predicted], flattened after the loss slot
         sums.index_add_(0, cell, torch.ones_like(cell, dtype=torch.float64))
     model.train(was_training)
     flat = dist_utils.all_sum_tensor(sums, dist).cpu()
-    loss_sum, confusion = flat[0].item(), flat[1:].view(n_classes, n_classes)
-    n = int(confusion.sum().item())
-    totals = confusion.sum(dim=1)
+    loss_sum, counts = flat[0].item(), flat[1:].view(n_classes, width)
+    confusion = counts[:, :n_classes]
+    n = int(counts.sum().item())
+    totals = counts.sum(dim=1)
     per_class = [(confusion[k, k] / totals[k]).item() if totals[k] > 0 else float("nan") for k in range(n_classes)]
     return {
         "accuracy": (confusion.diag().sum() / max(n, 1)).item(),
@@ -136,7 +157,10 @@ def describe_scored(entry: dict[str, Any]) -> str:
         text += f" (epoch {entry['epoch']}"
         if entry.get("view") == "best":
             on = {"val_acc": "validation", "test_acc": "test"}.get(entry.get("selected_on", ""), "?")
-            text += f", chosen on {on} accuracy {entry.get('value', float('nan')):.4f}"
+            if entry.get("selected_on") == "train_loss":
+                text += f", chosen on the training loss {entry.get('value', float('nan')):.4f}"
+            else:
+                text += f", chosen on {on} accuracy {entry.get('value', float('nan')):.4f}"
             if on == "test":
                 text += ": its test figure is a maximum over epochs"
         elif entry.get("view") == "last":
@@ -164,8 +188,8 @@ def checkpoint_data(
     if dataset is None:
         if record is None:
             raise DatasetError(
-                f"{checkpoints[0]}: records no training data (a save_pretrained folder outside its run folder); "
-                "pass --dataset"
+                f"{checkpoints[0]}: records no training data (a save_pretrained folder outside its run folder, or "
+                "a run of capsnet.fit, whose data came from Python); pass --dataset"
             )
         if any(r != record for r in records[1:]):
             raise DatasetError("the checkpoints were trained on different data; pass --dataset")

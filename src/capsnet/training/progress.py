@@ -15,12 +15,15 @@ import torch
 from ..config import to_dict
 from ..fileio import atomic_write_json
 from .checkpoint import write_summary
-from .config import TrainConfig
+from .config import FitConfig, TrainConfig
 
 if TYPE_CHECKING:  # annotations only: the loop imports this module
-    from .loop import EpochSums, Run, RunState
+    from .build import Run
+    from .state import EpochSums, RunState
 
 PROGRESS_EVERY_S = 0.5  # the progress bar reads the device's running sums at most this often
+# What best/ was chosen on, in words, by the metric name a run records.
+SELECTED_ON = {"val_acc": "validation accuracy", "test_acc": "test accuracy", "train_loss": "the training loss"}
 
 
 class _StopFlag:
@@ -60,7 +63,7 @@ class _Logger:
     """tqdm progress on rank 0 (refreshed at most every PROGRESS_EVERY_S, the only in-epoch reads of the device),
     one summary line per epoch, and TensorBoard scalars when available."""
 
-    def __init__(self, run_dir: Path, config: TrainConfig, enabled: bool):
+    def __init__(self, run_dir: Path, config: TrainConfig | FitConfig, enabled: bool):
         self.enabled, self.config, self.writer = enabled, config, None
         self._pending: list[tuple[int, torch.Tensor]] = []  # (step, loss) for TensorBoard, read at a refresh
         self._last = 0.0
@@ -77,15 +80,15 @@ class _Logger:
         if not self.enabled:
             return
         run.dir.mkdir(parents=True, exist_ok=True)
-        meta = {"train": to_dict(run.config), "model": to_dict(run.model_config), "task": run.task.name,
+        model = to_dict(run.model_config) if run.model_config is not None else None  # (None: a module of one's own)
+        meta = {"train": to_dict(run.config), "model": model, "task": run.task.name,
                 **getattr(run.task, "recorded", {})}  # e.g. the augmentation "auto" resolved to  # fmt: skip
         atomic_write_json(run.dir / "config.json", meta)
         if state.history:
             write_summary(run.dir, state.history)
-        if not run.task.has_val:
-            print("capsnet: no validation split (--val-fraction 0, or a run made before validation splits): best/ "
-                  "is chosen on the test set, so its test accuracy is a maximum over epochs, not an estimate",
-                  file=sys.stderr, flush=True)  # fmt: skip
+        note = run.task.selection_note()
+        if note:
+            print(note, file=sys.stderr, flush=True)
 
     def bar(self, epoch: int, total: int, done: int):
         if not (self.enabled and self.config.progress):
@@ -137,15 +140,17 @@ class _Logger:
     def epoch(self, row: dict[str, float]) -> None:
         if not self.enabled:
             return
-        split = "val" if "val_acc" in row else "test"
+        split = "val" if "val_acc" in row else "test" if "test_acc" in row else None
+        scored = f"  {split} acc {row[f'{split}_acc']:.4f}" if split else ""
         print(
             f"epoch {int(row['epoch'])}/{self.config.epochs}  train loss {row['train_loss']:.4f}  "
-            f"train acc {row['train_acc']:.4f}  {split} acc {row[f'{split}_acc']:.4f}  lr {row['lr']:.2e}  "
+            f"train acc {row['train_acc']:.4f}{scored}  lr {row['lr']:.2e}  "
             f"{row['images_per_s']:.0f} img/s  {row['seconds']:.1f}s",
             flush=True,
         )
         if self.writer is not None:
-            for key in ("train_loss", "train_acc", f"{split}_loss", f"{split}_acc", "lr", "images_per_s"):
+            held = (f"{split}_loss", f"{split}_acc") if split else ()
+            for key in ("train_loss", "train_acc", *held, "lr", "images_per_s"):
                 self.writer.add_scalar(f"epoch/{key}", row[key], int(row["epoch"]))
             self.writer.flush()
 
@@ -155,21 +160,27 @@ class _Logger:
             return
         parts = [f"{name}/ (epoch {report[name]['epoch']}) {report[name]['accuracy']:.4f}"
                  for name in ("best", "last") if name in report]  # fmt: skip
-        chosen = {"val_acc": "validation", "test_acc": "test"}.get(report.get("selected_on") or "", "?")
-        print(f"test accuracy: {', '.join(parts)}; best/ chosen on {chosen} accuracy", flush=True)
+        chosen = SELECTED_ON.get(report.get("selected_on") or "", "?")
+        print(f"test accuracy: {', '.join(parts)}; best/ chosen on {chosen}", flush=True)
         if self.writer is not None:
             for name in ("best", "last"):
                 if name in report:
                     self.writer.add_scalar(f"test/{name}_acc", report[name]["accuracy"], report[name]["epoch"])
             self.writer.flush()
 
-    def finish(self, interrupted: bool, signum: int | None, epoch: int, batch: int) -> None:
+    def finish(self, interrupted: bool, signum: int | None, epoch: int, batch: int, *, kept_epoch=False) -> None:
+        """The closing line of a stopped run. `kept_epoch`: stopped mid-epoch in a task that resumes only at epoch
+        boundaries, so the checkpoint of the last finished epoch was kept."""
         if self.writer is not None:
             self.writer.close()
         if self.enabled and interrupted:
             why = signal.Signals(signum).name if signum else "stop requested"
-            print(
-                f"{why}: checkpoint saved at epoch {epoch + 1}, batch {batch}; continue with --resume",
-                file=sys.stderr,
-                flush=True,
-            )
+            if not kept_epoch:
+                again = "resume=True" if isinstance(self.config, FitConfig) else "--resume"
+                where = f"checkpoint saved at epoch {epoch + 1}, batch {batch}; continue with {again}"
+            elif epoch == 0:
+                where = f"stopped in epoch 1 at batch {batch}, before any checkpoint (the data is an iterable)"
+            else:
+                where = (f"stopped in epoch {epoch + 1} at batch {batch}; the data is an iterable, so the checkpoint "
+                         f"of epoch {epoch} is kept and a resumed run starts epoch {epoch + 1} again")  # fmt: skip
+            print(f"{why}: {where}", file=sys.stderr, flush=True)

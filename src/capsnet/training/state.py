@@ -16,7 +16,9 @@ from ..errors import CheckpointError, ConfigError
 from .checkpoint import (
     STATE_NAME,
     get_rng_states,
+    model_name,
     restore_views,
+    save_model,
     save_state,
     set_rng_states,
     view_metadata,
@@ -25,8 +27,8 @@ from .checkpoint import (
 from .config import TrainConfig
 from .tasks import Task
 
-if TYPE_CHECKING:  # annotations only: the loop imports this module
-    from .loop import Run
+if TYPE_CHECKING:  # annotations only: the run's builder imports this module
+    from .build import Run
 
 
 @dataclass
@@ -88,7 +90,9 @@ def restore(run: Run) -> RunState:
         run.model.load_state_dict(saved["model"])
     except RuntimeError as e:
         first = " ".join(str(e).strip().splitlines()[:2])
-        raise CheckpointError(f"{run.dir / STATE_NAME}: weights do not match the run's model ({first})") from None
+        run_model = f"a {saved['model_type']} run" if saved.get("model_type") else "the run's"
+        raise CheckpointError(f"{run.dir / STATE_NAME}: its weights ({run_model}) do not fit the "
+                              f"{model_name(run.model)} being resumed ({first})") from None  # fmt: skip
     run.optimizer.load_state_dict(saved["optimizer"])
     run.scheduler.load_state_dict(saved["scheduler"])
     if run.scheduler.gamma != config.decay_per_epoch:  # resumed with other --epochs/--lr-decay/--lr-end:
@@ -126,7 +130,8 @@ def save_checkpoint(run: Run, state: RunState, *, epoch_done: bool) -> None:
         return
     saved = {
         "model": run.model.state_dict(),
-        "model_config": to_dict(run.model_config),
+        "model_type": model_name(run.model),
+        "model_config": to_dict(run.model_config) if run.model_config is not None else None,
         "optimizer": run.optimizer.state_dict(),
         "scheduler": run.scheduler.state_dict(),
         "epoch": state.epoch + (1 if epoch_done else 0),
@@ -134,14 +139,15 @@ def save_checkpoint(run: Run, state: RunState, *, epoch_done: bool) -> None:
         "step": state.step,
         "best": state.best,
         "validation": getattr(run.task, "recorded", {}).get("validation"),
+        "data": getattr(run.task, "recorded", {}).get("data"),
         "history": state.history,
         "running": running,
         "rng": rng,
     }
     save_state(run.dir, saved)
-    run.model.save_pretrained(run.dir / "last", metadata=view_metadata(saved, "last"))
+    save_model(run.model, run.dir / "last", metadata=view_metadata(saved, "last"))
     if epoch_done and state.best.get("step") == state.step:
-        run.model.save_pretrained(run.dir / "best", metadata=view_metadata(saved, "best"))
+        save_model(run.model, run.dir / "best", metadata=view_metadata(saved, "best"))
     write_summary(run.dir, state.history)
 
 
@@ -162,6 +168,16 @@ def check_validation(task: Task, saved: dict, run_dir: Path) -> None:
     if (recorded["source"] == "none") != (not task.has_val) or recorded.get("n", mine.get("n")) != mine.get("n"):
         raise ConfigError(f"--resume: {run_dir} was validated on {_describe(recorded)}, this data gives "
                           f"{_describe(mine)}; resume with the run's own data and --val-fraction")  # fmt: skip
+
+
+def check_data(task: Task, saved: dict, run_dir: Path) -> None:
+    """ConfigError unless the sizes of `task`'s data (capsnet.fit's: its "data" record) are the resumed run's."""
+    recorded, mine = saved.get("data") or {}, getattr(task, "recorded", {}).get("data") or {}
+    for part in ("train", "val", "test"):
+        then, now = (recorded.get(part) or {}).get("n"), (mine.get(part) or {}).get("n")
+        if then is not None and now is not None and then != now:
+            raise ConfigError(f"resume: {run_dir} was trained with {then:,} {part} examples, this {part} data has "
+                              f"{now:,}; resume with the run's own data")  # fmt: skip
 
 
 def _describe(validation: dict) -> str:

@@ -90,6 +90,30 @@ class Task:
         only at the end of the run)."""
         return False
 
+    @property
+    def has_test(self) -> bool:
+        """Whether the task holds a test split (scored once, at the end; without validation, best/ is chosen on it)."""
+        return True
+
+    # Whether a run stopped mid-epoch resumes at the batch where it stopped (`batches(start=...)` skips the done
+    # batches exactly); if not, a stop mid-epoch keeps the checkpoint of the last finished epoch instead.
+    resumes_mid_epoch: bool = True
+
+    def selection_note(self) -> str | None:
+        """One line for the log when best/ is not chosen on validation data; None when it is."""
+        if self.has_val:
+            return None
+        return ("capsnet: no validation split (--val-fraction 0, or a run made before validation splits): best/ is "
+                "chosen on the test set, so its test accuracy is a maximum over epochs, not an estimate")  # fmt: skip
+
+    def init_batch(self, *, batch_size: int, seed: int, world_size: int, device: torch.device) -> Batch | None:
+        """The batch a model's data-dependent initialisation sees: rank 0's first of epoch 0, which every rank
+        computes alike from the seed (rank 0's augmentation seed too); None for an epoch without batches."""
+        generator = torch.Generator(device=device).manual_seed(seed * 1009)  # as rank 0's augment_rng
+        batches = self.batches(epoch=0, batch_size=batch_size, seed=seed, rank=0, world_size=world_size,
+                               device=device, generator=generator)  # fmt: skip
+        return next(iter(batches), None)
+
     def evaluate(
         self, model: nn.Module, *, split: str = "test", batch_size: int, device: torch.device, dist: dist_utils.DistInfo
     ) -> dict:

@@ -1,0 +1,214 @@
+"""What a training run is made of, put together before its first step: the run folder's check, the model on its
+device (its data-dependent initialisation done, then wrapped for DDP and torch.compile), Adam and its schedule, the
+augmentation stream, and, when resuming, the state.pt to restore.
+
+Two ways in: :func:`build` makes the model from the registry name in a TrainConfig (what `capsnet train` does), and
+:func:`assemble` takes a model instance and any :class:`capsnet.training.tasks.Task` (what `capsnet.fit` does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from ..config import from_dict
+from ..errors import CheckpointError, ConfigError
+from ..models.inputs import image_hw
+from ..models.pretrained import Pretrained
+from ..models.registry import MODELS
+from . import distributed as dist_utils
+from .checkpoint import STATE_NAME, load_state
+from .config import FitConfig, TrainConfig
+from .hardware import default_batch_size, precision_note
+from .memory import check_memory
+from .record import check_recorded, fill_unset, recorded_model_name
+from .state import check_validation, resumed_validation
+from .tasks import ClassificationTask, Task
+
+
+@dataclass
+class Run:
+    """What a run is made of (fixed for its whole length)."""
+
+    config: TrainConfig | FitConfig
+    model_config: Any  # the model's config dataclass; None for a module of the user's own without one
+    device: torch.device
+    dist: dist_utils.DistInfo
+    task: Task
+    model: nn.Module  # the model itself: saved, evaluated
+    trained: nn.Module  # the module each step runs: task.wrap(model), maybe DDP- and compile-wrapped
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.ExponentialLR
+    augment_rng: torch.Generator  # this rank's augmentation stream, on the device
+    dir: Path
+    state_dict: dict | None = None  # the state.pt being resumed from (on the CPU; dropped once restored)
+    step_graph: Any = None  # --cuda-graphs: the captured step (capsnet.training.graphs.StepGraph), or why not
+
+
+def make_adam(
+    params: list[torch.nn.Parameter], *, lr: float, device: torch.device, capturable: bool = False
+) -> torch.optim.Adam:
+    """Adam, with PyTorch's fused kernel where it exists (CUDA; CPU since torch 2.4): the same update in one pass
+    over memory instead of several. `capturable`: its step can be captured in a CUDA graph (capsnet.training.graphs)."""
+    if device.type in ("cpu", "cuda"):
+        try:
+            return torch.optim.Adam(params, lr=lr, fused=True, capturable=capturable)
+        except RuntimeError:  # an older torch without the fused kernel for this device
+            pass
+    return torch.optim.Adam(params, lr=lr, capturable=capturable)
+
+
+def open_run(config, device: torch.device, dist, *, flag: str = "--resume", batches: bool = True):
+    """(config with its batch size resolved, the state.pt being resumed or None): the run folder checked against
+    `config.resume` (`flag` names the switch in the messages). A resumed run's unset (None) fields are its own.
+    `batches`: whether the run makes its batches at `batch_size` (then a default is announced)."""
+    run_dir = Path(config.out)
+    has_state = (run_dir / STATE_NAME).is_file()
+    if has_state and not config.resume:
+        out = "--out" if flag.startswith("--") else "out"
+        raise ConfigError(f"{run_dir} already holds a run; pass {flag} to continue it, or choose another {out}")
+    if config.resume and not has_state:
+        raise ConfigError(f"{flag}: {run_dir} holds no {STATE_NAME} to continue from")
+    saved = load_state(run_dir) if config.resume else None  # on the CPU: restore() copies what it needs
+    if saved is not None:
+        config = fill_unset(config, run_dir)  # e.g. the batch size the run was made with, not the device default
+    if config.batch_size is None:  # the model's recipe, else the device's default (capsnet.training.hardware)
+        name = getattr(config, "model", None)  # (a FitConfig names no registry model)
+        recipe = getattr(MODELS[name], "default_batch_size", None) if isinstance(name, str) and name in MODELS else None
+        config = dataclasses.replace(config, batch_size=recipe or default_batch_size(device))
+        if dist.is_main and batches:
+            flags = "--batch-size and --lr" if flag.startswith("--") else "batch_size= and lr="
+            whose = f"{name}'s recipe" if recipe else f"the {device.type} defaults"
+            print(f"batch size {config.batch_size} per process, lr {config.learning_rate:g} ({whose}; set "
+                  f"{flags} to change)", flush=True)  # fmt: skip
+    note = precision_note(device, config.precision)
+    if note and dist.is_main:
+        print(note, file=sys.stderr, flush=True)
+    return config, saved
+
+
+def build(config: TrainConfig, model_config, device: torch.device, dist, task: Task | None) -> Run:
+    """`capsnet train`'s run: the folder, the task (by default the classification recipe on config.dataset), the
+    model from the registry name config.model (the saved one when resuming), then :func:`assemble`."""
+    config, saved = open_run(config, device, dist)
+    run_dir = Path(config.out)
+    if saved is not None:
+        check_recorded(config, run_dir, only=("model", "dataset"))  # before any data is read
+        if task is None:
+            config = resumed_validation(config, saved)
+    task = task if task is not None else ClassificationTask.from_config(config)
+    if saved is not None:
+        check_validation(task, saved, run_dir)
+        check_recorded(config, run_dir)  # the run's own settings, but for what may change on resume
+    model_class = MODELS[config.model]
+    if saved is not None:  # the run's model is the one saved with it
+        model_config = saved_model_config(model_class, saved, run_dir, config.model)
+    if model_config is not None and not isinstance(model_config, model_class.config_class):
+        raise ConfigError(f"model {config.model!r} takes a {model_class.config_class.__name__}")
+    model_config = model_config or model_class.config_class()
+    taken = {f.name for f in dataclasses.fields(model_config)}  # the data fields this model's config records
+    fields = {k: v for k, v in task.model_fields().items() if k in taken}
+    if saved is not None:
+        check_same_shape(model_config, fields, run_dir)
+    model_config = dataclasses.replace(model_config, **fields)
+
+    assert config.batch_size is not None  # the device's default was filled in above
+    check_memory(model_config, config.batch_size, device)  # one line with the fixes, before allocating anything
+    torch.manual_seed(config.seed)
+    model = model_class(config=model_config)
+    return assemble(config, model, task, device, dist, saved=saved, model_config=model_config)
+
+
+def saved_model_config(model_class: type[Pretrained], saved: dict, run_dir: Path, name: str) -> Any:
+    """The model config a state.pt saved, for `model_class`; CheckpointError naming the run's model when the state
+    is another model's."""
+    recorded = recorded_model_name(saved, run_dir)
+    if recorded is not None and recorded in MODELS and MODELS.canonical(recorded) != MODELS.canonical(name):
+        raise CheckpointError(f"{run_dir / STATE_NAME}: a run of model {recorded!r}, not {name!r}")
+    saved_config = {**model_class.saved_defaults, **(saved.get("model_config") or {})}  # older runs' keys
+    try:
+        return from_dict(model_class.config_class, saved_config, what=f"{run_dir}/{STATE_NAME}")
+    except ConfigError as e:
+        run_model = f"model {recorded!r}" if recorded and recorded != name else "another model"
+        raise CheckpointError(f"{run_dir / STATE_NAME}: a run of {run_model}, not of {name!r} ({e})") from None
+
+
+def check_same_shape(model_config: Any, fields: dict[str, Any], run_dir: Path) -> None:
+    """ConfigError when the data would change the resumed model's input or classes (other data than the run's)."""
+    saved = (model_config.in_channels, image_hw(model_config.image_size), model_config.n_classes)
+    now = (fields.get("in_channels", saved[0]), image_hw(fields.get("image_size", model_config.image_size)),
+           fields.get("n_classes", saved[2]))  # fmt: skip
+    if now != saved:
+
+        def say(c, hw, n):
+            return f"{c}x{hw[0]}x{hw[1]} images of {n} classes"
+
+        raise ConfigError(f"--resume: {run_dir} trained on {say(*saved)}, this data gives {say(*now)}; resume with "
+                          "the run's own data")  # fmt: skip
+
+
+def assemble(
+    config: TrainConfig | FitConfig,
+    model: nn.Module,
+    task: Task,
+    device: torch.device,
+    dist,
+    *,
+    saved: dict | None,
+    model_config: Any = None,
+) -> Run:
+    """The run of `model` on `task`: the model moved to `device`, Adam and its schedule, the augmentation stream,
+    the model's data-dependent initialisation (fresh runs only), then the DDP and torch.compile wrappers."""
+    model = model.to(device)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # (not in the stubs)
+    capturable = config.cuda_graphs and device.type == "cuda" and not (config.compile or dist.enabled)  # (graphs.py)
+    optimizer = make_adam(list(model.parameters()), lr=config.learning_rate, device=device, capturable=capturable)
+    if device.type == "cuda" and config.cudnn_benchmark is not None:
+        torch.backends.cudnn.benchmark = config.cudnn_benchmark
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=config.decay_per_epoch)
+    augment_rng = torch.Generator(device=device).manual_seed(config.seed * 1009 + dist.rank)
+
+    trained = task.wrap(model)  # the module whose forward the loop runs (the model itself by default)
+    if saved is None:  # (a resumed run's weights have it already)
+        init_from_data(model, task, config, device, dist)
+    if dist.enabled:
+        ids = [device] if device.type == "cuda" else None
+        _match_grad_strides(model)
+        trained = torch.nn.parallel.DistributedDataParallel(trained, device_ids=ids)
+    if config.compile:
+        trained = cast(torch.nn.Module, torch.compile(trained))
+    return Run(config, model_config, device, dist, task, model, trained, optimizer, scheduler, augment_rng,
+               Path(config.out), saved)  # fmt: skip
+
+
+def init_from_data(model: nn.Module, task: Task, config, device: torch.device, dist) -> None:
+    """The model's data-dependent initialisation (:meth:`Pretrained.init_from_data`), to run before DDP wraps it:
+    on a first batch that every rank computes alike (:meth:`Task.init_batch`), so that all ranks start from the
+    same weights. Nothing for a model that needs none (a module of one's own: one with an `init_from_data`)."""
+    hook = getattr(type(model), "init_from_data", None)
+    if hook is None or hook is Pretrained.init_from_data:
+        return
+    assert config.batch_size is not None  # resolved in open_run()
+    first = task.init_batch(batch_size=config.batch_size, seed=config.seed, world_size=dist.world_size,
+                            device=device)  # fmt: skip
+    if first is not None:  # (an epoch without batches trains nothing either)
+        cast(Any, model).init_from_data(first.images)
+
+
+def _match_grad_strides(model: torch.nn.Module) -> None:
+    """Give each gradient its parameter's strides where they differ only in size-1 dimensions (the same memory
+    layout; e.g. conv1's [out, 1, 9, 9] weight on 1-channel images, whose backward reports channel stride 1), so
+    DDP's bucket views match and it neither warns nor copies."""
+    for p in model.parameters():
+        if p.requires_grad and 1 in p.shape and p.is_contiguous():
+            p.register_hook(lambda g, p=p: g.as_strided(p.shape, p.stride()) if g.is_contiguous() else g)
+
+
+__all__ = ["Run", "assemble", "build", "init_from_data", "make_adam", "open_run"]

@@ -1,0 +1,172 @@
+"""`capsnet.fit(model, train_data, *, epochs, out, ...)`: capsnet's training loop on any data and any model.
+
+The model is any capsnet model (`capsnet.create_model(...)`) or an `nn.Module` of one's own that follows the
+protocol every capsnet model follows:
+
+    out = model(images, labels=None)        # images [B, C, H, W]; out.predictions: class indices [B]
+    loss, parts = model.loss(out, images, labels)   # a scalar tensor to minimise, and its parts (any)
+
+and, optionally, `model.init_from_data(images)`: a data-dependent initialisation, called once on a first training
+batch before training starts (never on a resumed run). At test time the model is called without labels.
+
+The data (capsnet.training.loader) is a Dataset of (image, label) examples or an iterable of (images, labels)
+batches. The run is `capsnet train`'s (capsnet.training.loop): Adam with the stretched exponential schedule, the
+run folder (config.json, summary.csv, best/ chosen on validation, last/, test.json scored once at the end, state.pt
+written first as the commit point), progress, TensorBoard, SIGINT/SIGTERM, torchrun, bf16, torch.compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError, DatasetError
+from ..models.inputs import image_hw
+from ..models.pretrained import Pretrained
+from .build import Run, assemble, open_run
+from .checkpoint import model_name
+from .config import FitConfig, TrainResult
+from .loader import LoaderTask
+from .loop import launch
+from .memory import check_memory
+from .record import check_recorded
+from .state import check_data, check_validation
+
+PROTOCOL = ("forward(images, labels=None) returning an object with .predictions [B], and loss(out, images, labels) "
+            "returning (loss, parts)")  # fmt: skip
+
+
+def fit(
+    model: nn.Module,
+    train_data: Any,
+    *,
+    epochs: int,
+    out: str | os.PathLike,
+    val_data: Any = None,
+    test_data: Any = None,
+    val_fraction: float = 0.1,
+    val_seed: int = 0,
+    batch_size: int | None = None,
+    eval_batch_size: int = 250,
+    lr: float | None = None,
+    lr_decay: float | None = None,
+    lr_end: float = 0.25,
+    seed: int = 0,
+    workers: int = 0,
+    device: str = "auto",
+    precision: Literal["fp32", "bf16"] = "fp32",
+    compile: bool = False,
+    channels_last: bool = False,
+    progress: bool = True,
+    tensorboard: bool = True,
+    resume: bool = False,
+    on_step: Callable[[int], bool] | None = None,
+) -> TrainResult:
+    """Train `model` on `train_data` for `epochs` into the run folder `out`; returns the run's TrainResult.
+
+    The model is trained in place (it ends with the last epoch's weights; `out/best/` holds the chosen ones).
+    `val_data` chooses best/; without it a Dataset gives a seeded, stratified `val_fraction` of its examples
+    (`val_seed`), and an iterable gives none (best/ is then chosen on `test_data`, or on the training loss).
+    `test_data` is scored once, at the end, on best/ and last/ (test.json). `batch_size` (per process; default 16
+    on CPU, 128 on CUDA) and `workers` (DataLoader processes) apply to a Dataset; an iterable batches for itself.
+    `lr` defaults to the model's (1e-3 for a module of one's own); the learning rate decays each epoch by `lr_decay`,
+    or else down to lr × lr_end in the last epoch. `on_step(step)` returning True stops with a checkpoint, as
+    SIGINT and SIGTERM do.
+
+    `resume=True` continues the run in `out`: from the batch where it stopped for a Dataset, or from the start of the
+    first unfinished epoch for an iterable. The model and data are given again; the settings must be the run's
+    (the epochs, device, precision, progress, ... may change: capsnet.training.record.MAY_CHANGE).
+    """
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"fit: model must be an nn.Module, got {type(model).__name__}")
+    if not callable(getattr(model, "loss", None)):
+        raise ConfigError(f"fit: {type(model).__name__} has no loss(out, images, labels) method; a model needs "
+                          f"{PROTOCOL}")  # fmt: skip
+    cls = type(model)
+    config = FitConfig(
+        epochs=epochs, out=str(out), model=model_name(model), batch_size=batch_size, eval_batch_size=eval_batch_size,
+        lr=lr if lr is not None or resume else getattr(cls, "default_lr", 1e-3),  # (resuming, unset: the run's)
+        lr_decay=lr_decay if lr_decay is not None or resume else getattr(cls, "default_lr_decay", None),
+        lr_end=lr_end, val_fraction=val_fraction, val_seed=val_seed, seed=seed, workers=workers, device=device,
+        precision=precision, compile=compile, channels_last=channels_last, progress=progress,
+        tensorboard=tensorboard, resume=resume,
+    )  # fmt: skip
+    task = LoaderTask(train_data, val=val_data, test=test_data, val_fraction=config.val_fraction,
+                      val_seed=config.val_seed, workers=config.workers)  # fmt: skip
+    return launch(config, lambda device, dist: _make_run(config, model, task, device, dist), on_step)
+
+
+def _make_run(config: FitConfig, model: nn.Module, task: LoaderTask, device: torch.device, dist) -> Run:
+    config, saved = open_run(config, device, dist, flag="resume=True", batches=task.source.indexed)
+    run_dir = Path(config.out)
+    if saved is not None:
+        check_recorded(config, run_dir)
+        check_validation(task, saved, run_dir)
+        check_data(task, saved, run_dir)
+    task.check_ranks(dist)
+    model_config = getattr(model, "config", None)
+    model_config = model_config if dataclasses.is_dataclass(model_config) else None
+    assert config.batch_size is not None  # resolved by open_run()
+    if isinstance(model, Pretrained):
+        check_memory(model_config, config.batch_size, device)  # one line with the fixes, before allocating
+    model.to(device)
+    check_first_batch(model, task, batch_size=config.batch_size, device=device)
+    torch.manual_seed(config.seed)  # dropout and the rest of the run's random numbers
+    return assemble(config, model, task, device, dist, saved=saved, model_config=model_config)
+
+
+@torch.no_grad()
+def check_first_batch(model: nn.Module, task: LoaderTask, *, batch_size: int, device: torch.device) -> None:
+    """One clear error, before training, for data the model cannot take or a model outside the protocol: a
+    capsnet model's recorded input (channels, size, classes) against a first batch, then one forward pass and loss
+    (in eval mode: no state changes) on up to 4 of its examples."""
+    first = task.init_batch(batch_size=min(batch_size, 4), seed=0, world_size=1, device=device)
+    if first is None:
+        raise DatasetError("train_data yields no batches")
+    images, labels = first.images[:4], first.targets[:4]
+    cfg: Any = getattr(model, "config", None)
+    if all(hasattr(cfg, k) for k in ("in_channels", "image_size", "n_classes")):
+        want = (cfg.in_channels, *image_hw(cfg.image_size))
+        if tuple(images.shape[1:]) != want:
+            raise DatasetError(f"train_data: images are {'x'.join(map(str, images.shape[1:]))}, the "
+                               f"{type(model).__name__} expects {'x'.join(map(str, want))} (its config's "
+                               "in_channels and image_size)")  # fmt: skip
+        top = int(task.labels.max()) if task.labels is not None else int(labels.max())
+        if top >= cfg.n_classes or int(labels.min()) < 0:
+            raise DatasetError(f"train_data: labels go up to {top}, the {type(model).__name__} has {cfg.n_classes} "
+                               "classes (its config's n_classes)")  # fmt: skip
+    shapes = f"images {list(images.shape)} {str(images.dtype).replace('torch.', '')}, labels {list(labels.shape)}"
+    name = type(model).__name__
+    was_training = model.training
+    model.eval()
+    try:
+        out = _call(lambda: model(images, labels), f"{name}(images, labels) failed on a first batch ({shapes})")
+        predictions = getattr(out, "predictions", None)
+        if not isinstance(predictions, torch.Tensor) or tuple(predictions.shape) != (len(labels),):
+            got = list(predictions.shape) if isinstance(predictions, torch.Tensor) else "none"
+            raise ConfigError(f"fit: {name}'s output has .predictions {got}, not class indices [{len(labels)}]; a "
+                              f"model needs {PROTOCOL}")  # fmt: skip
+        result = _call(lambda: model.loss(out, images, labels), f"{name}.loss(out, images, labels) failed")  # type: ignore[operator]
+        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.Tensor)
+                and result[0].dim() == 0):  # fmt: skip
+            raise ConfigError(f"fit: {name}.loss returned {type(result).__name__}, not (scalar loss tensor, parts)")
+    finally:
+        model.train(was_training)
+
+
+def _call(fn: Callable[[], Any], what: str) -> Any:
+    try:
+        return fn()
+    except Exception as e:  # the user's module: any error, as one line
+        line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ConfigError(f"fit: {what}: {type(e).__name__}: {line}" if line else f"fit: {what}: {type(e).__name__}"
+                          ) from None  # fmt: skip
+
+
+__all__ = ["PROTOCOL", "fit"]
