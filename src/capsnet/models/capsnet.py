@@ -16,7 +16,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..nn.decoder import CapsuleDecoder
-from ..nn.losses import MarginLoss, capsule_lengths, reconstruction_loss
+from ..nn.losses import MarginLoss, capsule_lengths, margin_plus_reconstruction
 from ..nn.primary import PrimaryCapsules, conv_output_size
 from ..nn.standardize import per_image_standardize
 from ..routing import ROUTINGS
@@ -294,15 +294,8 @@ class CapsNet(Pretrained, nn.Module):
         (total, parts as detached 0-d tensors on the loss's device: reading them is left to the caller, so a
         training step never waits)."""
         margin = self.margin_loss(out.lengths, labels)
-        total, parts = margin, {"margin": margin.detach()}
-        if out.reconstructions is not None and self.config.recon_weight > 0:
-            recon = reconstruction_loss(
-                out.reconstructions, images, weight=self.config.recon_weight, reduction=self.config.recon_reduction
-            )
-            total = total + recon
-            parts["reconstruction"] = recon.detach()
-        parts["total"] = total.detach()
-        return total, parts
+        return margin_plus_reconstruction(margin, out.reconstructions, images, weight=self.config.recon_weight,
+                                          reduction=self.config.recon_reduction)  # fmt: skip
 
 
 def class_capsule_layer(cfg: CapsNetConfig) -> nn.Module:

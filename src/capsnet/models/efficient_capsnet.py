@@ -54,7 +54,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..nn.decoder import CapsuleDecoder, ConvCapsuleDecoder
 from ..nn.keras_init import conv_keras_shape, keras_init_
-from ..nn.losses import MarginLoss, capsule_lengths, reconstruction_loss
+from ..nn.losses import MarginLoss, capsule_lengths, margin_plus_reconstruction
 from ..nn.primary import conv_output_size
 from ..nn.squash import efficient_squash
 from ..routing.self_attention import SelfAttentionRouter
@@ -306,12 +306,5 @@ class EfficientCapsNet(Pretrained, nn.Module):
         recon_weight × the reconstruction error against the input (their `mse`: recon_reduction "mean"). Returns
         (total, parts as detached 0-d tensors)."""
         margin = self.margin_loss(out.lengths, labels)
-        total, parts = margin, {"margin": margin.detach()}
-        if out.reconstructions is not None and self.config.recon_weight > 0:
-            recon = reconstruction_loss(
-                out.reconstructions, images, weight=self.config.recon_weight, reduction=self.config.recon_reduction
-            )
-            total = total + recon
-            parts["reconstruction"] = recon.detach()
-        parts["total"] = total.detach()
-        return total, parts
+        return margin_plus_reconstruction(margin, out.reconstructions, images, weight=self.config.recon_weight,
+                                          reduction=self.config.recon_reduction)  # fmt: skip

@@ -95,11 +95,31 @@ def reconstruction_loss(
         raise ValueError(
             f"reconstructions {list(reconstructions.shape)} and images {list(images.shape)} differ in shape"
         )
-    err = (reconstructions - images).pow(2).flatten(1)  # [B, pixels]
-    per_image = err.sum(dim=1) if reduction == "sum" else err.mean(dim=1)
     if reduction not in ("sum", "mean"):
         raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
+    err = (reconstructions - images).pow(2).flatten(1)  # [B, pixels]
+    per_image = err.sum(dim=1) if reduction == "sum" else err.mean(dim=1)
     return weight * per_image.mean()
+
+
+def margin_plus_reconstruction(
+    margin: torch.Tensor,
+    reconstructions: torch.Tensor | None,
+    images: torch.Tensor,
+    *,
+    weight: float,
+    reduction: Literal["sum", "mean"],
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """§4.1's total, margin + `weight` × reconstruction error (no reconstruction term without reconstructions or
+    at weight 0), and its parts as detached 0-d tensors on the loss's device: reading them is left to the caller,
+    so a training step never waits."""
+    total, parts = margin, {"margin": margin.detach()}
+    if reconstructions is not None and weight > 0:
+        recon = reconstruction_loss(reconstructions, images, weight=weight, reduction=reduction)
+        total = total + recon
+        parts["reconstruction"] = recon.detach()
+    parts["total"] = total.detach()
+    return total, parts
 
 
 def spread_margin(progress: float, start: float = 0.2, end: float = 0.9) -> float:
