@@ -161,10 +161,17 @@ def check_card(card: Any, *, what: str = "card") -> None:
 
 
 def save_shipped(
-    model: Any, *, name: str, tag: str, card: dict[str, Any], root: str | os.PathLike | None = None
+    model: Any,
+    *,
+    name: str,
+    tag: str,
+    card: dict[str, Any],
+    root: str | os.PathLike | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> Path:
     """Write `model` (a registered model) as shipped weights: root/name/tag/ with config.json, model.safetensors
-    and card.json (checked by :func:`check_card`). `root` defaults to :func:`weights_root`."""
+    and card.json (checked by :func:`check_card`). `root` defaults to :func:`weights_root`; `metadata`: the
+    training run's record of the checkpoint (config.json's "checkpoint", see Pretrained.save_pretrained)."""
     from .registry import MODELS
 
     if type(model) is not MODELS[MODELS.canonical(name)]:
@@ -173,7 +180,7 @@ def save_shipped(
         raise ConfigError(f"tag {tag!r}: use lower-case letters, digits, '.', '_' and '-'")
     check_card(card, what=f"card of {name}:{tag}")
     folder = Path(root if root is not None else weights_root()) / MODELS.canonical(name) / tag
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, metadata=metadata)
     atomic_write_json(folder / CARD_NAME, card)
     return folder
 

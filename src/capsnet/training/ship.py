@@ -1,0 +1,119 @@
+"""Ship a finished training run as weights inside the package (capsnet.models.hub): its validation-chosen checkpoint,
+RUN/best/, with a card that records how it was made and what it scores.
+
+    python tools/ship_weights.py RUN --tag TAG      # -> src/capsnet/models/weights/<model>/<tag>/
+
+The card's `command` is the `capsnet train` command that the run's config.json describes (every setting that differs
+from its default), `val_accuracy` and `epoch` the validation figure that chose best/, `test_accuracy` that
+checkpoint's test figure as the run measured it once at its end (test.json), and `data_md5` the MD5 of each file of
+the data set it was trained on. tests/test_shipped.py scores every shipped folder again and must find the same figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+from ..config import field_default
+from ..data.datasets import resolve
+from ..data.download import md5_file
+from ..data.idx import find_files
+from ..errors import CheckpointError, ConfigError
+from ..models.hub import save_shipped
+from ..models.inputs import DATA_FIELDS
+from ..models.pretrained import load_pretrained
+from ..models.registry import MODELS
+from .checkpoint import TEST_NAME, checkpoint_info
+from .config import TrainConfig, upgrade_train_dict
+
+# TrainConfig settings that do not change what a run learns, left out of the recorded command.
+NOT_IN_COMMAND = ("device", "progress", "tensorboard", "resume", "strict")
+
+
+def _flag(name: str, value: Any, default: Any) -> list[str]:
+    """The command-line words that set field `name` to `value` ([] when it is the default)."""
+    value = list(value) if isinstance(value, tuple) else value
+    default = list(default) if isinstance(default, tuple) else default
+    if value == default:
+        return []
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else "--no-" + name.replace("_", "-")]
+    if isinstance(value, list):
+        return [flag, *map(str, value)]
+    return [flag, str(value)]
+
+
+def train_command(record: dict[str, Any]) -> str:
+    """The `capsnet train` command that a run's config.json (`record`) describes: --model, then every TrainConfig and
+    model setting that differs from its default (the data fields come from the data set, and are left out)."""
+    train = upgrade_train_dict(record["train"])
+    words = ["capsnet", "train", "--model", train["model"]]
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in train and f.name not in (*NOT_IN_COMMAND, "model"):
+            words += _flag(f.name, train[f.name], field_default(f))
+    model_class = MODELS[MODELS.canonical(train["model"])]
+    saved = record.get("model") or {}
+    for f in dataclasses.fields(model_class.config_class):
+        if f.name in saved and f.name not in DATA_FIELDS and f.init:
+            words += _flag(f.name, saved[f.name], field_default(f))
+    return shlex.join(words)
+
+
+def data_md5s(dataset: str, data_dir: str | None) -> dict[str, str]:
+    """File name -> MD5 of each file of a data set (its IDX files, or the one .npz file); ConfigError for data that
+    has no such fixed set of files (an image folder), or that is not on this machine."""
+    _, where, source = resolve(dataset, data_dir=data_dir)
+    if where is None:
+        raise ConfigError(f"{dataset}: not on this machine, so its files' MD5s cannot be recorded")
+    if where.is_file():
+        return {where.name: md5_file(where)}
+    files = find_files(where)
+    if not files:
+        raise ConfigError(f"{source}: ships only from IDX or .npz data, whose files the card can name")
+    return {path.name: md5_file(path) for path in files.values()}
+
+
+def ship_card(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The card (capsnet.models.hub.CARD_FIELDS) of a finished run's best/ checkpoint."""
+    run = Path(run_dir)
+    try:
+        record = json.loads((run / "config.json").read_text(encoding="utf-8"))
+        tested = json.loads((run / TEST_NAME).read_text(encoding="utf-8"))
+        best_meta = json.loads((run / "best" / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{run}: not a finished run ({Path(e.filename).name} is missing)") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{run}: unreadable run record ({e})") from None
+    if tested.get("selected_on") != "val_acc":
+        raise CheckpointError(f"{run}: best/ was not chosen on validation data, so it does not ship")
+    train = upgrade_train_dict(record["train"])
+    best = tested["best"]
+    return {
+        "command": train_command(record),
+        "dataset": train["dataset"],
+        "val_accuracy": best["val_acc"],
+        "test_accuracy": best["accuracy"],
+        "epoch": best["epoch"],
+        "capsnet_version": best_meta.get("capsnet_version", "unknown"),
+        "data_md5": data_md5s(train["dataset"], train.get("data_dir")),
+        "validation": record.get("validation", {}),
+        "test_n": best["n"],
+    }
+
+
+def ship_run(run_dir: str | os.PathLike, *, tag: str, root: str | os.PathLike | None = None) -> Path:
+    """Write run_dir/best/ as shipped weights MODEL:TAG (root: capsnet.models.hub.weights_root() by default), with
+    its :func:`ship_card`; returns the folder written."""
+    card = ship_card(run_dir)
+    best = Path(run_dir) / "best"
+    model = load_pretrained(best)
+    name = MODELS.canonical(json.loads((Path(run_dir) / "config.json").read_text(encoding="utf-8"))["train"]["model"])
+    return save_shipped(model, name=name, tag=tag, card=card, root=root, metadata=checkpoint_info(best))
+
+
+__all__ = ["data_md5s", "ship_card", "ship_run", "train_command"]

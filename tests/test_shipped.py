@@ -1,0 +1,92 @@
+"""The weights that ship in the package: each folder's card records how it was made, and scoring the folder again on
+the data at hand reproduces the card's figures exactly (evaluation is deterministic on the CPU); and shipping a run
+(capsnet.training.ship) writes a card whose command trains the same run again."""
+
+import json
+import shlex
+
+import pytest
+
+from capsnet import create_model
+from capsnet.cli import main
+from capsnet.data import load_dataset
+from capsnet.data.datasets import resolve
+from capsnet.data.download import md5_file
+from capsnet.data.idx import find_files
+from capsnet.data.split import stratified_holdout
+from capsnet.errors import CheckpointError, ConfigError
+from capsnet.models import hub
+from capsnet.models.registry import MODELS
+from capsnet.training.checkpoint import checkpoint_info
+from capsnet.training.evaluate import evaluate
+from capsnet.training.ship import ship_card, ship_run
+
+SHIPPED = [(name, tag) for name in MODELS for tag in hub.shipped_tags(name)]
+
+
+def test_the_package_ships_efficient_capsnet_for_the_sample_and_fashion_mnist():
+    assert ("efficient-capsnet", "mnist-sample") in SHIPPED
+    assert ("efficient-capsnet", "fashion-mnist") in SHIPPED
+
+
+@pytest.mark.parametrize(("name", "tag"), SHIPPED, ids=[f"{n}:{t}" for n, t in SHIPPED])
+def test_a_shipped_folder_scores_what_its_card_records(name, tag):
+    card = hub.read_card(hub.shipped_folder(name, tag))
+    assert card is not None
+    _, where, _ = resolve(card["dataset"])
+    if where is None:
+        pytest.skip(f"{card['dataset']} is not on this machine")
+    files = {p.name: md5_file(p) for p in find_files(where).values()}
+    if files != card["data_md5"]:
+        pytest.skip(f"{where} holds other files than the ones these weights were trained on")
+    model = create_model(name, pretrained=tag)
+    data = load_dataset(card["dataset"])
+    test = evaluate(model, data.test)
+    assert (test["accuracy"], test["n"]) == (card["test_accuracy"], card["test_n"])
+    validation = card["validation"]
+    held = data.val if validation["source"] == "official" else stratified_holdout(
+        data.train, validation["fraction"], seed=validation["seed"])[1]  # fmt: skip
+    assert evaluate(model, held)["accuracy"] == card["val_accuracy"] and len(held) == validation["n"]
+    assert card["command"].startswith(f"capsnet train --model {name}")
+    assert checkpoint_info(hub.shipped_folder(name, tag))["selected_on"] == "val_acc"
+
+
+# ------------------------------------------------------------------------------------------------ shipping a run
+TINY = ["--model", "capsnet", "--train-subset", "60", "--test-subset", "30", "--batch-size", "20", "--epochs", "2",
+        "--conv-channels", "8", "--primary-types", "2", "--no-progress", "--no-tensorboard"]  # fmt: skip
+
+
+def _record(run):
+    meta = json.loads((run / "config.json").read_text())
+    train = {k: v for k, v in meta["train"].items() if k not in ("out", "progress", "tensorboard")}
+    return train, meta["model"]
+
+
+def test_shipping_a_run_writes_its_best_checkpoint_and_a_card_whose_command_trains_it_again(tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--seed", "3", "--val-seed", "2", "--lr", "0.002", "--out", str(run)]) == 0
+    folder = ship_run(run, tag="tiny", root=tmp_path / "weights")
+    card = hub.read_card(folder)
+    tested = json.loads((run / "test.json").read_text())
+    assert card is not None and card["dataset"] == "mnist-sample" and card["epoch"] == tested["best"]["epoch"]
+    assert (card["val_accuracy"], card["test_accuracy"]) == (tested["best"]["val_acc"], tested["best"]["accuracy"])
+    assert card["validation"] == {"fraction": 0.1, "n": 6, "seed": 2, "source": "held out of the training split"}
+    assert set(card["data_md5"]) == {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                                     "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}  # fmt: skip
+    words = shlex.split(card["command"])
+    assert words[:4] == ["capsnet", "train", "--model", "capsnet"] and "--resume" not in words
+    again = tmp_path / "again"
+    out = words.index("--out")
+    assert main([*words[1:out], *words[out + 2 :], "--out", str(again), "--no-progress", "--no-tensorboard"]) == 0
+    assert _record(again) == _record(run)  # the same settings, model options included
+    with pytest.raises(ConfigError, match="tag 'Bad Tag'"):
+        ship_run(run, tag="Bad Tag", root=tmp_path / "weights")
+
+
+def test_only_a_finished_run_chosen_on_validation_ships(tmp_path):
+    with pytest.raises(CheckpointError, match="not a finished run"):
+        ship_card(tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--val-fraction", "0", "--out", str(run)]) == 0
+    with pytest.raises(CheckpointError, match="not chosen on validation"):
+        ship_card(run)

@@ -1,0 +1,37 @@
+"""Ship a finished training run's validation-chosen checkpoint (RUN/best/) inside the package, with its card.
+
+    python tools/ship_weights.py RUN --tag TAG [--root DIR]
+
+Writes src/capsnet/models/weights/<model>/<tag>/ (or DIR/<model>/<tag>/): see capsnet.training.ship. Then run
+tests/test_shipped.py, which scores the folder again and must find the card's figures.
+"""
+
+import argparse
+import sys
+
+from capsnet.errors import CapsNetError
+from capsnet.models.hub import read_card
+from capsnet.training.ship import ship_run
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", metavar="RUN", help="a finished training run folder (with test.json and best/)")
+    parser.add_argument("--tag", required=True, help="the tag to ship it as, e.g. fashion-mnist")
+    parser.add_argument("--root", help="the weights root (default: the package's models/weights/)")
+    args = parser.parse_args()
+    try:
+        folder = ship_run(args.run, tag=args.tag, root=args.root)
+    except CapsNetError as e:
+        print(f"ship_weights: error: {e}", file=sys.stderr)
+        return 2
+    card = read_card(folder) or {}
+    print(
+        f"{folder}: epoch {card.get('epoch')}, validation {card.get('val_accuracy', 0):.4f}, "
+        f"test {card.get('test_accuracy', 0):.4f}\n  {card.get('command')}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
