@@ -13,7 +13,7 @@ from ..models.hub import fetch_pretrained, is_url, resolve_ref
 
 CHECKPOINT_HELP = "run folder (uses best/, else last/) or save_pretrained folder"
 PRETRAINED_HELP = (
-    "weights shipped with capsnet, NAME:TAG (e.g. capsnet:mnist-sample; `capsnet models` lists "
+    "weights shipped with capsnet, NAME:TAG (e.g. efficient-capsnet:mnist-sample; `capsnet models` lists "
     "them), or a published save_pretrained folder, URL#sha256=SHA256_OF_MODEL_SAFETENSORS"
 )
 
@@ -36,7 +36,7 @@ def pretrained_folder(ref: str) -> Path:
     if is_url(ref):
         return fetch_pretrained(ref)
     if ":" not in ref:
-        raise ConfigError(f"--pretrained {ref}: expected NAME:TAG, e.g. capsnet:mnist-sample")
+        raise ConfigError(f"--pretrained {ref}: expected NAME:TAG, e.g. efficient-capsnet:mnist-sample")
     return resolve_ref(ref)
 
 
