@@ -90,3 +90,9 @@ def test_only_a_finished_run_chosen_on_validation_ships(tmp_path):
     assert main(["train", *TINY, "--val-fraction", "0", "--out", str(run)]) == 0
     with pytest.raises(CheckpointError, match="not chosen on validation"):
         ship_card(run)
+    (run / "test.json").write_text('{"selected_on": "val_acc", "best": {}}')
+    with pytest.raises(CheckpointError, match="lacks what a card records"):
+        ship_card(run)
+    (run / "test.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="unreadable run record"):
+        ship_card(run)

@@ -22,7 +22,7 @@ def main() -> int:
     args = parser.parse_args()
     try:
         folder = ship_run(args.run, tag=args.tag, root=args.root)
-    except CapsNetError as e:
+    except (CapsNetError, OSError) as e:
         print(f"ship_weights: error: {e}", file=sys.stderr)
         return 2
     card = read_card(folder) or {}

@@ -91,19 +91,15 @@ def ship_card(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"{run}: unreadable run record ({e})") from None
     if tested.get("selected_on") != "val_acc":
         raise CheckpointError(f"{run}: best/ was not chosen on validation data, so it does not ship")
-    train = upgrade_train_dict(record["train"])
-    best = tested["best"]
-    return {
-        "command": train_command(record),
-        "dataset": train["dataset"],
-        "val_accuracy": best["val_acc"],
-        "test_accuracy": best["accuracy"],
-        "epoch": best["epoch"],
-        "capsnet_version": best_meta.get("capsnet_version", "unknown"),
-        "data_md5": data_md5s(train["dataset"], train.get("data_dir")),
-        "validation": record.get("validation", {}),
-        "test_n": best["n"],
-    }
+    try:
+        train, best = upgrade_train_dict(record["train"]), tested["best"]
+        card = {"command": train_command(record), "dataset": train["dataset"], "val_accuracy": best["val_acc"],
+                "test_accuracy": best["accuracy"], "epoch": best["epoch"],
+                "capsnet_version": best_meta.get("capsnet_version", "unknown"),
+                "validation": record.get("validation", {}), "test_n": best["n"]}  # fmt: skip
+    except (KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{run}: its config.json or {TEST_NAME} lacks what a card records ({e!r})") from None
+    return {**card, "data_md5": data_md5s(train["dataset"], train.get("data_dir"))}
 
 
 def ship_run(run_dir: str | os.PathLike, *, tag: str, root: str | os.PathLike | None = None) -> Path:
@@ -112,7 +108,7 @@ def ship_run(run_dir: str | os.PathLike, *, tag: str, root: str | os.PathLike | 
     card = ship_card(run_dir)
     best = Path(run_dir) / "best"
     model = load_pretrained(best)
-    name = MODELS.canonical(json.loads((Path(run_dir) / "config.json").read_text(encoding="utf-8"))["train"]["model"])
+    name = MODELS.canonical(model.model_type)
     return save_shipped(model, name=name, tag=tag, card=card, root=root, metadata=checkpoint_info(best))
 
 
