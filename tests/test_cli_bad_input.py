@@ -365,19 +365,19 @@ def test_the_safe_command_lines_are_accepted(context, files, tmp_path, capsys, n
 def test_os_errors_and_running_out_of_gpu_memory_are_one_line(monkeypatch, capsys, files):
     """What no file set-up here can provoke as root: a permission error deep inside a command, and CUDA's
     out-of-memory error."""
-    from capsnet.cli import evaluate as evaluate_cli
+    from capsnet.training import evaluate as evaluate_module
 
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied", "/data/locked/images.npy")
 
-    monkeypatch.setattr(evaluate_cli, "evaluate_checkpoint", denied)
+    monkeypatch.setattr(evaluate_module, "evaluate_checkpoint", denied)
     assert main(["evaluate", "--checkpoint", str(files["good"])]) == 2
     assert capsys.readouterr().err == "capsnet evaluate: error: /data/locked/images.npy: Permission denied\n"
 
     def oom(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore lines")
 
-    monkeypatch.setattr(evaluate_cli, "evaluate_checkpoint", oom)
+    monkeypatch.setattr(evaluate_module, "evaluate_checkpoint", oom)
     assert main(["evaluate", "--checkpoint", str(files["good"])]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("capsnet evaluate: error: out of GPU memory")
@@ -387,7 +387,7 @@ def test_os_errors_and_running_out_of_gpu_memory_are_one_line(monkeypatch, capsy
 
         raise DatasetError("first line\n  second line")
 
-    monkeypatch.setattr(evaluate_cli, "evaluate_checkpoint", several_lines)
+    monkeypatch.setattr(evaluate_module, "evaluate_checkpoint", several_lines)
     assert main(["evaluate", "--checkpoint", str(files["good"])]) == 2
     assert capsys.readouterr().err == "capsnet evaluate: error: first line second line\n"
 

@@ -1,8 +1,9 @@
 """The package layout: which subpackage may import which, read from the source with ast (nothing is imported).
 
-Layers, bottom up: the foundation modules (errors, fileio, config, fetch); nn; routing (nn); models (nn, routing); data
-(foundation only); training (models, data, nn, routing); experiments and viz (training and below; not each
-other); cli (anything). On top, the package's `__init__` (the public API) and `__main__`: nothing imports them.
+Layers, bottom up: the foundation modules (errors, fileio, config, fetch, _lazy); configs (the model configs,
+torch-free: foundation only); nn; routing (nn); models (nn, routing); data (foundation only); training (models,
+data, nn, routing); experiments and viz (training and below; not each other); cli (anything). On top, the
+package's `__init__` (the public API) and `__main__`: nothing imports them.
 """
 
 import ast
@@ -11,15 +12,16 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "capsnet"
-FOUNDATION = {"errors", "fileio", "config", "_version", "fetch"}
+FOUNDATION = {"errors", "fileio", "config", "_version", "fetch", "_lazy"}
 
-BELOW_TRAINING = {"foundation", "nn", "routing", "models", "data", "training"}
+BELOW_TRAINING = {"foundation", "configs", "nn", "routing", "models", "data", "training"}
 MAY_IMPORT: dict[str, set[str]] = {
     "foundation": {"foundation"},
-    "nn": {"foundation", "nn"},
-    "routing": {"foundation", "nn", "routing"},
-    "models": {"foundation", "nn", "routing", "models"},
-    "data": {"foundation", "data"},
+    "configs": {"foundation", "configs"},
+    "nn": {"foundation", "configs", "nn"},
+    "routing": {"foundation", "configs", "nn", "routing"},
+    "models": {"foundation", "configs", "nn", "routing", "models"},
+    "data": {"foundation", "configs", "data"},
     "training": BELOW_TRAINING,
     "experiments": BELOW_TRAINING | {"experiments"},
     "viz": BELOW_TRAINING | {"viz"},
@@ -129,3 +131,51 @@ def test_each_subpackage_says_what_lives_there_and_what_it_may_import(package):
     assert doc, f"{package}/__init__.py has no docstring"
     assert "May import:" in doc, f"{package}/__init__.py: the docstring should say what it may import ('May import:')"
     assert len(doc.split("May import:")[0].strip()) > 20, f"{package}/__init__.py: say what lives there first"
+
+
+def module_cycle(modules: set[str]) -> list[str] | None:
+    """An import cycle among `modules` (the import graph of their sources, lazy imports included), or None."""
+    graph = {m: {t for t in imports_of(m) if t in modules} for m in modules}
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return [*path, node, nxt]
+            if nxt not in state and (found := visit(nxt, [*path, node])):
+                return found
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node, [])):
+            return found
+    return None
+
+
+def test_models_have_no_import_cycle_and_the_registry_is_the_floor():
+    # the package's __init__ imports every model (that registers them); no module inside it imports the package
+    models = {m for m in MODULES if m.startswith("capsnet.models.")}
+    assert len(models) > 10
+    cycle = module_cycle(models)
+    assert cycle is None, f"import cycle in capsnet.models: {' -> '.join(cycle)}"
+    floor = {"capsnet.models.registry", "capsnet.models.pretrained", "capsnet.models.hub", "capsnet.models.inputs"}
+    model_modules = (
+        {m for m in models if "capsnet.models.registry" in imports_of(m)} - floor - {"capsnet.models.factory"}
+    )
+    assert {"capsnet.models.capsnet", "capsnet.models.hvc_capsnet"} <= model_modules  # they register themselves
+    for module in floor:
+        assert not imports_of(module) & model_modules, f"{module} imports a model module"
+    assert "capsnet.models" not in set().union(*(imports_of(m) for m in models))
+
+
+def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
+    for name, target in (("a", "b"), ("b", "a")):
+        path = tmp_path / f"{name}.py"
+        path.write_text(f"from . import {target}\n")
+        monkeypatch.setitem(MODULES, f"capsnet.models.cyc_{name}", path)
+    (tmp_path / "a.py").write_text("from .cyc_b import x\n")
+    (tmp_path / "b.py").write_text("def f():\n    from .cyc_a import y\n")
+    assert module_cycle({"capsnet.models.cyc_a", "capsnet.models.cyc_b"}) is not None
+    assert module_cycle({"capsnet.models.cyc_a"}) is None

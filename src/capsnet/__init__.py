@@ -1,18 +1,67 @@
-"""capsnet: Capsule Networks with dynamic routing (Sabour, Frosst & Hinton 2017) for PyTorch."""
+"""capsnet: capsule networks for PyTorch: seven models and five routing algorithms, each checked against its
+authors' code (docs/fidelity.md).
+
+The names below load on first use (PEP 562), so `import capsnet` and the command line's parser stay light:
+`capsnet.CapsNet` imports torch and the models the first time it is read.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .errors import CapsNetError, CheckpointError, ConfigError, DatasetError
-from .models.capsnet import CapsNet, CapsNetConfig, CapsNetOutput
-from .models.export import export_model
-from .models.factory import create_model
-from .models.pretrained import load_pretrained
-from .models.registry import list_models, register_model
-from .nn.decoder import CapsuleDecoder
-from .nn.losses import MarginLoss, capsule_lengths, reconstruction_loss
-from .nn.primary import PrimaryCapsules
-from .nn.squash import Squash, squash
-from .routing.dynamic import Router, RoutingResult, dynamic_routing
-from .training.fit import fit
+
+if TYPE_CHECKING:
+    from .models.capsnet import CapsNet, CapsNetConfig, CapsNetOutput
+    from .models.export import export_model
+    from .models.factory import create_model, list_models
+    from .models.pretrained import load_pretrained
+    from .models.registry import register_model
+    from .nn.decoder import CapsuleDecoder
+    from .nn.losses import MarginLoss, capsule_lengths, reconstruction_loss
+    from .nn.primary import PrimaryCapsules
+    from .nn.squash import Squash, squash
+    from .routing.dynamic import Router, RoutingResult, dynamic_routing
+    from .training.fit import fit
+
+# public name -> the module that defines it
+_LAZY: dict[str, str] = {
+    "CapsNet": "models.capsnet",
+    "CapsNetConfig": "models.capsnet",
+    "CapsNetOutput": "models.capsnet",
+    "export_model": "models.export",
+    "create_model": "models.factory",
+    "load_pretrained": "models.pretrained",
+    "list_models": "models.factory",
+    "register_model": "models.registry",
+    "CapsuleDecoder": "nn.decoder",
+    "MarginLoss": "nn.losses",
+    "capsule_lengths": "nn.losses",
+    "reconstruction_loss": "nn.losses",
+    "PrimaryCapsules": "nn.primary",
+    "Squash": "nn.squash",
+    "squash": "nn.squash",
+    "Router": "routing.dynamic",
+    "RoutingResult": "routing.dynamic",
+    "dynamic_routing": "routing.dynamic",
+    "fit": "training.fit",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'capsnet' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # the next read is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "CapsNet",

@@ -4,6 +4,8 @@ without importing the public API. `capsnet/__init__` imports this module first, 
 
 from __future__ import annotations
 
+import sys
+
 __version__ = "0.1.0"
 
 # torch.library.custom_op, its register_fake and torch.cuda.is_bf16_supported(including_emulation=...) are 2.4's.
@@ -11,12 +13,18 @@ TORCH_MIN = (2, 4)
 
 
 def check_torch(version: str | None = None) -> None:
-    """ImportError (one line, naming the version needed) when `version` (default: the installed torch's) is older
-    than TORCH_MIN."""
+    """ImportError (one line, naming the version needed) when `version` (default: the installed torch's: that of
+    the torch already imported, else its package metadata, so that torch itself is not imported) is older than
+    TORCH_MIN."""
+    if version is None and "torch" in sys.modules:
+        version = str(sys.modules["torch"].__version__)
     if version is None:
-        import torch
+        from importlib import metadata
 
-        version = str(torch.__version__)
+        try:
+            version = metadata.version("torch")
+        except metadata.PackageNotFoundError:  # no torch distribution: its import fails, with its own message
+            return
     release = version.split("+")[0].split(".")
     try:
         found = tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in release[:2])

@@ -12,9 +12,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
-
-import torch
+from typing import Any, NoReturn
 
 from .._version import __version__
 from ..errors import CapsNetError
@@ -33,30 +31,79 @@ COMMANDS: list[tuple[str, str]] = [
     ("export", "capsnet.cli.export"),
     ("convert", "capsnet.cli.convert"),
 ]
+# Each subcommand's line in `capsnet --help`, here so that the list needs none of the modules.
+HELP: dict[str, str] = {
+    "train": "train a model (CapsNet with the paper's MNIST recipe by default)",
+    "evaluate": "accuracy, per-class accuracy and confusion matrix of a checkpoint",
+    "predict": "classify PNG or JPEG images with a trained model",
+    "demo": "train on the bundled MNIST digits for a few epochs, then evaluate",
+    "data": "inspect and verify data sets",
+    "visualize": "figures of a trained CapsNet: reconstructions, perturbations, routing, curves, confusion",
+    "reproduce": "run one of the paper's experiments (CapsNet vs the baseline CNN)",
+    "models": "list the models: parameters, paper, data they were designed for, shipped weights",
+    "export": "export a model to ONNX (.onnx) or torch.export (.pt2), with a dynamic batch axis",
+    "convert": "convert published weights into a save_pretrained folder",
+}
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (and exit status 2) rather than the usage block."""
+    """argparse, but a usage error is one line (and exit status 2) naming the help of the (sub)command that failed
+    (`capsnet train --help`), rather than the usage block."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """As argparse's; an unknown flag is reported by the subcommand it was given to."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._innermost(parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
 
-def build_parser() -> argparse.ArgumentParser:
+    def _innermost(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        """The parser of the (sub)subcommand `parsed` chose: `capsnet data info`'s for `capsnet data info ...`."""
+        parser: argparse.ArgumentParser = self
+        while True:
+            commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            chosen = getattr(parsed, commands[0].dest, None) if commands else None
+            if chosen not in (commands[0].choices if commands else {}):
+                return parser
+            parser = commands[0].choices[chosen]
+
+
+class _Commands(argparse._SubParsersAction):
+    """The subcommands: each parser is a `_Parser` with its line from HELP."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        kwargs.setdefault("help", HELP.get(name))
+        return super().add_parser(name, **kwargs)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The `capsnet` parser. With `argv`, only the subcommand it names gets its full parser (its module imported);
+    the others are one line each in `capsnet --help`. Without, every subcommand is built."""
     parser = _Parser(
-        prog="capsnet", description="Capsule Networks with dynamic routing (Sabour, Frosst & Hinton 2017)."
+        prog="capsnet",
+        description="Capsule networks for PyTorch: seven models, five routing algorithms, each checked against its "
+        "authors' code.",
     )
     parser.add_argument("--version", action="version", version=f"capsnet {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", action=_Commands)
     sub.required = True
-    for _, module in COMMANDS:
-        importlib.import_module(module).register(sub)
+    chosen = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
+    for name, module in COMMANDS:
+        if chosen is None or chosen == name:
+            importlib.import_module(module).register(sub)
+        else:
+            sub.add_parser(name)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
+    import torch  # (after parsing: building the parser and --help never import torch)
+
     try:
         return int(args.func(args) or 0)
     except CapsNetError as e:

@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..models.hub import fetch_pretrained, is_url, resolve_ref
 
 CHECKPOINT_HELP = "run folder (uses best/, else last/) or save_pretrained folder"
 PRETRAINED_HELP = (
@@ -33,6 +32,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, repeat: str | None =
 
 def pretrained_folder(ref: str) -> Path:
     """The folder of the shipped weights NAME:TAG (ConfigError for an unknown model or tag), or of a URL's."""
+    from ..models.hub import fetch_pretrained, is_url, resolve_ref
+
     if is_url(ref):
         return fetch_pretrained(ref)
     if ":" not in ref:

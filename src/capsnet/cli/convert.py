@@ -16,7 +16,6 @@ def register(subparsers) -> None:
     listing = "; ".join(f"{name}: {c.description}" for name, c in CONVERTERS.items())
     p = subparsers.add_parser(
         "convert",
-        help="convert published weights into a save_pretrained folder",
         description=f"Convert published weights into a capsnet save_pretrained folder. Formats: {listing}.",
     )
     formats = p.add_subparsers(dest="format", metavar="FORMAT", title="formats")

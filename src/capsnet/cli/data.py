@@ -5,22 +5,20 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..data import sources
-from ..data.datasets import BUNDLED, load_dataset, resolve
-from ..data.download import DATASETS, cache_root, known_md5s, md5_file
-from ..data.idx import find_files, read_idx
-from ..data.imageaug import resolve_augment
-from ..data.split import Split
+from ..data.download import BUNDLED, DATASETS
 from ..errors import DatasetError
-from .data_sources import check_source, class_lines
+
+if TYPE_CHECKING:
+    from ..data.split import Split
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     known = ", ".join([BUNDLED, *DATASETS])
-    parser = subparsers.add_parser("data", help="inspect and verify data sets", description=__doc__)
+    parser = subparsers.add_parser("data", description=__doc__)
     sub = parser.add_subparsers(dest="data_command", metavar="ACTION")
     sub.required = True
 
@@ -39,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _histogram_table(rows: list[tuple[str, Split]], n_classes: int) -> str:
+
     header = ["split", "images", "size", *map(str, range(n_classes))]
     table = [header]
     for name, split in rows:
@@ -54,6 +53,10 @@ def _histogram_table(rows: list[tuple[str, Split]], n_classes: int) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from ..data.datasets import load_dataset
+    from ..data.imageaug import resolve_augment
+    from .data_sources import class_lines
+
     ds = load_dataset(args.name_or_dir, data_dir=args.data_dir, download=args.download)
     rows = [(n, s) for n, s in (("train", ds.train), ("test", ds.test)) if s is not None]
     if ds.class_names or ds.n_classes > 10:  # a row per class, with its name
@@ -73,6 +76,9 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def _check_file(path: Path, expected_md5: dict[str, str], strict: bool) -> tuple[bool, str, int | None]:
     """(ok, message, number of items) for one file."""
+    from ..data.download import md5_file
+    from ..data.idx import read_idx
+
     try:
         arr = read_idx(path)
     except DatasetError as e:
@@ -95,6 +101,12 @@ def _check_file(path: Path, expected_md5: dict[str, str], strict: bool) -> tuple
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from ..data import sources
+    from ..data.datasets import resolve
+    from ..data.download import cache_root, known_md5s
+    from ..data.idx import find_files
+    from .data_sources import check_source
+
     name, folder, source = resolve(args.name_or_dir, data_dir=args.data_dir)
     if folder is None:
         raise DatasetError(

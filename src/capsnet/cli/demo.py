@@ -10,13 +10,10 @@ import argparse
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..training.checkpoint import STATE_NAME, load_state
-from ..training.evaluate import evaluate_checkpoint
-from ..training.loop import TrainConfig, resolve_device, train
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="train on the bundled MNIST digits for a few epochs, then evaluate")
+    p = subparsers.add_parser("demo")
     p.add_argument("--epochs", type=int, default=3, help="epochs (default: 3)")
     p.add_argument("--out", default="runs/demo", help="run folder (default: runs/demo)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:K (default: auto)")
@@ -25,6 +22,10 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..training.checkpoint import STATE_NAME, load_state
+    from ..training.evaluate import evaluate_checkpoint
+    from ..training.loop import TrainConfig, resolve_device, train
+
     if args.epochs < 1:
         raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
     out = Path(args.out)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..training.evaluate import describe_scored, evaluate_checkpoint
 from .checkpoints import add_model_arguments, model_paths
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("evaluate", help="accuracy, per-class accuracy and confusion matrix of a checkpoint")
+    p = subparsers.add_parser("evaluate")
     add_model_arguments(p, repeat="repeat them to evaluate an ensemble that averages the capsule lengths (the "
                         "paper's CIFAR-10 ensemble, §7)")  # fmt: skip
     p.add_argument("--dataset", default=None,
@@ -25,6 +24,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..training.evaluate import describe_scored, evaluate_checkpoint
+
     paths = model_paths(args)
     r = evaluate_checkpoint(
         paths if len(paths) > 1 else paths[0],

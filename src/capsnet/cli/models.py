@@ -4,25 +4,43 @@ size, paper, intended data and the weights shipped for it (`--pretrained NAME:TA
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-
-from ..models.hub import shipped_tags
-from ..models.registry import MODELS
+from collections.abc import Iterator
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "models", help="list the models: parameters, paper, data they were designed for, shipped weights"
-    )
+    p = subparsers.add_parser("models")
     p.add_argument("--json", action="store_true", help="print one JSON object per model")
     p.set_defaults(func=run)
 
 
+@contextlib.contextmanager
+def _shapes_only() -> Iterator[None]:
+    """Counting parameters needs their shapes only: torch.nn.init's in-place fills (`normal_`, `trunc_normal_`, ...)
+    leave the tensors as allocated while the models are built, and are restored afterwards."""
+    import torch
+
+    fills = [n for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
+    saved = {n: getattr(torch.nn.init, n) for n in fills}
+    try:
+        for name in fills:
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, fill in saved.items():
+            setattr(torch.nn.init, name, fill)
+
+
 def model_rows() -> list[dict]:
     """One row per registered model, its parameters counted on the default (the paper's) configuration."""
+    from ..models.hub import shipped_tags
+    from ..models.registry import MODELS
+
     rows = []
     for name, cls in MODELS.items():
-        model = cls()
+        with _shapes_only():
+            model = cls()
         decoder = getattr(model, "decoder", None)
         total = sum(p.numel() for p in model.parameters())
         rows.append({

@@ -5,14 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..models.pretrained import load_pretrained
-from ..training.checkpoint import resolve_checkpoint
-from ..training.evaluate import predict
 from .checkpoints import add_model_arguments, model_paths
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("predict", help="classify PNG or JPEG images with a trained model")
+    p = subparsers.add_parser("predict")
     add_model_arguments(p)
     p.add_argument("images", nargs="+", metavar="IMAGE", help="PNG or JPEG files, any size")
     p.add_argument("--json", action="store_true", help="print one JSON object per image")
@@ -20,6 +17,10 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..models.pretrained import load_pretrained
+    from ..training.checkpoint import resolve_checkpoint
+    from ..training.evaluate import predict
+
     (path,) = model_paths(args)
     model = load_pretrained(resolve_checkpoint(path))
     for r in predict(model, args.images):

@@ -15,7 +15,7 @@ from ..training.loop import resolve_device
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("reproduce", help="run one of the paper's experiments (CapsNet vs the baseline CNN)")
+    p = subparsers.add_parser("reproduce")
     p.add_argument(
         "experiment",
         help="mnist (Table 1), multimnist (§6), affnist (§5.2), or cifar10, smallnorb, "

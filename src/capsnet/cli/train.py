@@ -23,11 +23,12 @@ from ..config import (
     field_default,
     load_config_file,
 )
-from ..data import folder
+from ..configs.base import DATA_FIELDS, MODEL_CONFIGS
 from ..errors import ConfigError
-from ..models.registry import MODELS
-from ..training.loop import DATA_FIELDS, TrainConfig, train
-from ..training.record import read_record, resumed_configs
+from ..training.config import TrainConfig
+
+# The parser reads the models' configs (capsnet.configs) and TrainConfig, all torch-free; training, the record of a
+# run and the model registry are imported when the command runs.
 
 
 @dataclasses.dataclass
@@ -40,11 +41,10 @@ class ModelOption:
 
 
 def model_options() -> dict[str, ModelOption]:
-    """Every registered model's config fields (except those the data set fills in), merged by name."""
+    """Every built-in model's config fields (except those the data set fills in), merged by name."""
     train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
     options: dict[str, ModelOption] = {}
-    for model_name, cls in MODELS.items():
-        config_class = cls.config_class
+    for model_name, config_class in MODEL_CONFIGS.items():
         hints = typing.get_type_hints(config_class)
         for f in dataclasses.fields(config_class):
             if f.name in DATA_FIELDS or not f.init:
@@ -78,7 +78,7 @@ def flags_of(model: str) -> list[str]:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train a CapsNet (the paper's MNIST recipe by default)")
+    p = subparsers.add_parser("train")
     p.add_argument("--config", dest="config_file", help="YAML or JSON file of TrainConfig keys (+ 'model': {...})")
     add_dataclass_arguments(p, TrainConfig)
     groups: dict[tuple[str, ...], Any] = {}
@@ -100,6 +100,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Any]:
     model_base = base.pop("model", {}) or {}
     if not isinstance(model_base, dict):
         raise ConfigError(f"{args.config_file}: 'model' must be a mapping")
+    from ..models.registry import MODELS
+
     config = dataclass_from_args(TrainConfig, args, base)
     config_class = MODELS[config.model].config_class
     takes = {f.name for f in dataclasses.fields(config_class)}
@@ -118,6 +120,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Any]:
 def resumed_from_args(args: argparse.Namespace, run_dir: Path) -> tuple[TrainConfig, Any]:
     """The TrainConfig and model config of the run in `run_dir`, as it recorded them, with the flags (and --config
     keys) given now: each must agree with the record unless it may change on resume."""
+    from ..training.record import resumed_configs
+
     base = load_config_file(args.config_file) if args.config_file else {}
     model_base = base.pop("model", {}) or {}
     if not isinstance(model_base, dict):
@@ -131,6 +135,8 @@ def resumed_from_args(args: argparse.Namespace, run_dir: Path) -> tuple[TrainCon
 
 def _single_folder(dataset: str) -> bool:
     """Whether `dataset` is one image folder of classes with no test split (split by --test-fraction)."""
+    from ..data import folder
+
     path = Path(dataset).expanduser()
     return path.is_dir() and folder.detect(path) and folder.split_dirs(path)[1] is None
 
@@ -140,6 +146,9 @@ def _reject(what: str, model: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..training.loop import train
+    from ..training.record import read_record
+
     run_dir = Path(args.out if args.out is not None else field_default(TrainConfig.__dataclass_fields__["out"]))
     if args.resume and read_record(run_dir) is not None:  # the run's own settings, and the flags given again
         config, model_config = resumed_from_args(args, run_dir)

@@ -7,16 +7,12 @@ import json
 import os
 import sys
 
-from ..models.pretrained import CONFIG_NAME
-from ..training.checkpoint import resolve_checkpoint
-from ..viz.figures import visualize
 from .checkpoints import add_model_arguments, model_paths
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "visualize",
-        help="figures of a trained CapsNet: reconstructions, perturbations, routing, curves, confusion",
         description="Write reconstructions.png, perturbation.png, routing.png, curves.png and confusion.png "
         "for a checkpoint (a training run folder or a save_pretrained folder).",
     )
@@ -54,6 +50,8 @@ def _positive(s: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..viz.figures import visualize
+
     (checkpoint,) = model_paths(args)
     written = visualize(
         checkpoint,
@@ -75,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _class_names(checkpoint: str | os.PathLike) -> list[str]:
+    from ..models.pretrained import CONFIG_NAME
+    from ..training.checkpoint import resolve_checkpoint
+
     folder = resolve_checkpoint(checkpoint)
     try:
         meta = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from ..errors import DatasetError
 from . import sources
+from .download import BUNDLED as BUNDLED  # the data set in the package
 from .download import DATASETS, cache_root, missing_files_message, optional_files
 from .download import download as _download
 from .split import Dataset
 
-BUNDLED = "mnist-sample"
 _BUNDLED_DIR = Path(__file__).resolve().parent / "files" / BUNDLED
 
 # The sets loaded last, by folder, keyed with file sizes and mtimes so an edited folder is read afresh: at most

@@ -152,6 +152,7 @@ DATASETS: dict[str, dict[str, Any]] = {
 }
 
 # MD5s of the bundled 6,000/2,000 sample (src/capsnet/data/files/mnist-sample).
+BUNDLED = "mnist-sample"  # the data set shipped in the package (data/files/mnist-sample)
 BUNDLED_MD5: dict[str, str] = {
     "train-images-idx3-ubyte.gz": "c9b62c7fd82178c2047ad09cfb53fd28",
     "train-labels-idx1-ubyte.gz": "2fa93ff07473c5b57b9f97029a2a26e2",

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..configs.base import parse_size as parse_size
 from ..errors import CapsNetError, DatasetError
 from ..fileio import atomic_open
 from .arrays import finish
@@ -42,25 +43,6 @@ EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 MMAP_BYTES = 512 << 20  # decoded sets larger than this stay memory-mapped
 _GREY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
 CACHE_VERSION = 1
-
-
-def parse_size(text: str | int | tuple[int, int] | list[int] | None) -> tuple[int, int] | None:
-    """ "32" -> (32, 32); "48x64" -> (48, 64) (H×W); ints and pairs pass through."""
-    if text is None:
-        return None
-    if isinstance(text, int):
-        size: tuple[int, ...] = (text, text)
-    elif isinstance(text, (tuple, list)):
-        size = tuple(int(v) for v in text) * (2 if len(text) == 1 else 1)
-    else:
-        try:
-            parts = [int(v) for v in str(text).lower().replace("×", "x").split("x")]
-        except ValueError:
-            raise DatasetError(f"image size {text!r}: expected H or HxW, e.g. 32 or 48x64") from None
-        size = tuple(parts) * (2 if len(parts) == 1 else 1)
-    if len(size) != 2 or min(size) < 1:
-        raise DatasetError(f"image size {text!r}: expected H or HxW with positive sides")
-    return size
 
 
 def _pillow():

@@ -4,12 +4,17 @@
 May import: capsnet.nn, capsnet.routing and the foundation modules; never data, training or above.
 """
 
-from .baseline import BaselineCNN, BaselineConfig
+# Importing the model modules registers them (each class is decorated with @register_model), in this order.
+# isort: off
 from .capsnet import CapsNet, CapsNetConfig, CapsNetOutput
+from .baseline import BaselineCNN, BaselineConfig
 from .em_capsnet import EMCapsNet, EMCapsNetConfig, EMCapsNetOutput
-from .factory import create_model
+from . import efficient_capsnet, inverted_attention_capsnet, self_routing_capsnet, hvc_capsnet
+# isort: on
+
+from .factory import create_model, list_models
 from .pretrained import Pretrained, load_pretrained
-from .registry import MODELS, list_models, model_class, register_model
+from .registry import MODELS, model_class, register_model
 
 __all__ = [
     "MODELS",
@@ -23,8 +28,12 @@ __all__ = [
     "EMCapsNetOutput",
     "Pretrained",
     "create_model",
+    "efficient_capsnet",
+    "hvc_capsnet",
+    "inverted_attention_capsnet",
     "list_models",
     "load_pretrained",
     "model_class",
     "register_model",
+    "self_routing_capsnet",
 ]

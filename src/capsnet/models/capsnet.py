@@ -7,178 +7,24 @@ dimensions. Older saves name them `digits` / `digit_dim`; both still load, with 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, NamedTuple, cast
+from typing import Any, ClassVar, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError
+from ..configs.capsnet import CapsNetConfig
 from ..nn.decoder import CapsuleDecoder
 from ..nn.losses import MarginLoss, capsule_lengths, margin_plus_reconstruction
-from ..nn.primary import PrimaryCapsules, conv_output_size
+from ..nn.primary import PrimaryCapsules
 from ..nn.standardize import per_image_standardize
-from ..routing import ROUTINGS
 from ..routing.dynamic import Router, default_weight_std
 from ..routing.inverted_attention import InvertedAttentionFC
 from ..routing.self_attention import SelfAttentionRouter
 from ..routing.self_routing import SelfRoutingFC
-from .inputs import RecordedData, check_images, check_loss_options, image_hw
+from .inputs import check_images, image_hw
 from .pretrained import Pretrained
-
-
-@dataclass
-class CapsNetConfig(RecordedData):
-    """Hyper-parameters of :class:`CapsNet`; the defaults are the paper's MNIST model."""
-
-    in_channels: int = field(default=1, metadata={"help": "input image channels"})
-    image_size: int | tuple[int, ...] = field(
-        default=28, metadata={"help": "input image side, or [height, width] for non-square images"}
-    )
-    n_classes: int = field(default=10, metadata={"help": "number of classes (class capsules), at least 2"})
-    conv_channels: int = field(default=256, metadata={"help": "channels of the first 9x9 convolution"})
-    kernel_size: int = field(default=9, metadata={"help": "kernel of both convolutions"})
-    padding: Literal["valid", "same"] = field(
-        default="valid",
-        metadata={"help": "padding of both convolutions: valid (the paper's MNIST model) or same (zero padding "
-                  "kernel//2; the official code's CIFAR-10 setup, github.com/Sarasra/models research/capsules)"},
-    )  # fmt: skip
-    conv1_stride: int = field(
-        default=1,
-        metadata={
-            "help": "stride of the first convolution (paper: 1); 2 or more shrinks large images' "
-            "primary capsule grid, and with it the routing's memory and time"
-        },
-    )
-    primary_types: int = field(default=32, metadata={"help": "primary capsule types"})
-    primary_dim: int = field(default=8, metadata={"help": "primary capsule dimension"})
-    class_dim: int = field(default=16, metadata={"help": "class capsule dimension"})
-    routing_iterations: int = field(default=3, metadata={"help": "routing iterations r"})
-    routing: Literal["dynamic", "self-attention", "inverted-attention", "self-routing"] = field(
-        default="dynamic",
-        metadata={"help": "routing of the class capsules: dynamic (Sabour et al. 2017), self-attention "
-                  "(Efficient-CapsNet, Mazzia et al. 2021), inverted-attention (Tsai et al. 2020) or "
-                  "self-routing (Hahn et al. 2019)"},
-    )  # fmt: skip
-    detach_votes: bool = field(
-        default=False, metadata={"help": "stop gradients through the votes in all but the last routing iteration"}
-    )
-    leaky_routing: bool = field(
-        default=False,
-        metadata={"help": "the paper's §7 'none-of-the-above' routing: an extra zero logit in the softmax over the "
-                  "class capsules, its share dropped (the paper's CIFAR-10 model; dynamic routing only)"},
-    )  # fmt: skip
-    capsule_bias: bool = field(
-        default=False,
-        metadata={"help": "a learned bias per class capsule added before the squash (as the official code's "
-                  "capsule layers; dynamic routing only)"},
-    )  # fmt: skip
-    decoder: bool = field(default=True, metadata={"help": "add the reconstruction decoder"})
-    decoder_hidden: tuple[int, ...] = field(default=(512, 1024), metadata={"help": "decoder hidden sizes"})
-    decoder_mask: Literal["label", "prediction"] = field(
-        default="label",
-        metadata={"help": "capsule the decoder reconstructs in training: the true label (paper) or the prediction"},
-    )
-    recon_weight: float = field(default=0.0005, metadata={"help": "weight of the summed squared reconstruction error"})
-    recon_reduction: Literal["sum", "mean"] = field(
-        default="sum", metadata={"help": "per-image reduction of squared errors: sum (paper) or mean"}
-    )
-    router_init_std: float | None = field(
-        default=None, metadata={"help": "initial std of W_ij (default: capsnet.routing.default_weight_std)"}
-    )
-    # The official TensorFlow code's choices (github.com/Sarasra/models, research/capsules; docs/fidelity.md).
-    init: Literal["pytorch", "official"] = field(
-        default="pytorch",
-        metadata={"help": "initialisation: pytorch (PyTorch's defaults, W_ij std 1/sqrt(n_primary)) or official "
-                  "(the TensorFlow code's: truncated normal std 0.05 for conv1, 0.1 for the primary kernel, W_ij "
-                  "and the decoder; every bias 0.1)"},
-    )  # fmt: skip
-    primary_routing: bool = field(
-        default=False,
-        metadata={"help": "the official code's one-iteration routing of the primary capsules: the convolution's "
-                  "output (not its bias) times 1/primary_types (1/(primary_types+1) with leaky routing)"},
-    )  # fmt: skip
-    # The official code's reduction is the default: no worse on the sample (docs/benchmarks.md), and it is what
-    # produced the published figures; under Adam only its ratio to the reconstruction term matters.
-    margin_reduction: Literal["sum", "half-mean"] = field(
-        default="half-mean",
-        metadata={"help": "margin loss: half-mean (the official code's: ½ L_k averaged over the batch and the "
-                  "classes, Eq. 4 / 2n, so the reconstruction term weighs 2n times more than with sum) or sum "
-                  "over the classes, averaged over the batch (Eq. 4 as printed)"},
-    )  # fmt: skip
-    # Layouts of other implementations, for their converted weights (capsnet.models.converters).
-    primary_grouping: Literal["types", "flat"] = field(
-        default="types",
-        metadata={"help": "primary capsules: one per type and location (paper) or flat (D consecutive values of the "
-                  "flattened conv map, XifengGuo/CapsNet-Pytorch's layout)"},
-    )  # fmt: skip
-    coupling: Literal["outputs", "inputs"] = field(
-        default="outputs",
-        metadata={"help": "axis of the coupling softmax (Eq. 3): outputs (paper) or inputs (gram-ai/"
-                  "capsule-networks' computation; dynamic routing only)"},
-    )  # fmt: skip
-
-    # Keys of older config.json files (capsnet 0.1.0), read by capsnet.config.from_dict with a DeprecationWarning.
-    _renamed_keys: ClassVar[dict[str, str]] = {"digit_dim": "class_dim"}
-
-    def __post_init__(self) -> None:
-        ints = (
-            "in_channels",
-            "conv_channels",
-            "kernel_size",
-            "primary_types",
-            "primary_dim",
-            "class_dim",
-            "routing_iterations",
-            "conv1_stride",
-        )
-        for name in ints:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.n_classes < 2:
-            raise ConfigError(f"n_classes must be >= 2, got {self.n_classes}")
-        if not isinstance(self.image_size, int):
-            self.image_size = tuple(self.image_size)
-            if len(self.image_size) != 2:
-                raise ConfigError(f"image_size must be a side or [height, width], got {list(self.image_size)}")
-        if min(image_hw(self.image_size)) < 1:
-            raise ConfigError(f"image_size must be >= 1, got {self.image_size}")
-        self.decoder_hidden = tuple(self.decoder_hidden)
-        check_loss_options(self)
-        self._check_recorded(self.n_classes)
-        dynamic_only = self.leaky_routing or self.capsule_bias or self.coupling != "outputs"
-        if dynamic_only and self.routing != "dynamic":
-            raise ConfigError("leaky_routing, capsule_bias and coupling are options of dynamic routing "
-                              "(routing='dynamic')")  # fmt: skip
-        if self.coupling == "inputs" and self.leaky_routing:
-            raise ConfigError("leaky routing is a softmax over the outputs: it needs coupling='outputs'")
-        if self.routing not in ROUTINGS:
-            raise ConfigError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTINGS)}")
-        if min(self.primary_hw) < 1:
-            k, (h, w) = self.kernel_size, image_hw(self.image_size)
-            raise ConfigError(f"images of {h}x{w} are too small for two {k}x{k} {self.padding} convolutions "
-                              f"(conv1 stride {self.conv1_stride}, primary stride 2)")  # fmt: skip
-
-    @property
-    def primary_hw(self) -> tuple[int, int]:
-        """(H', W') of the primary capsule grid: 28 → conv 9 → 20 → conv 9 stride 2 → 6 (valid padding)."""
-        k = self.kernel_size
-        pad = k // 2 if self.padding == "same" else 0
-        return tuple(  # type: ignore[return-value]
-            conv_output_size(conv_output_size(side, k, self.conv1_stride, pad), k, 2, pad)
-            for side in image_hw(self.image_size)
-        )
-
-    @property
-    def primary_grid(self) -> int:
-        """Side of a square primary capsule grid (6 for MNIST); the height for a non-square one (see primary_hw)."""
-        return self.primary_hw[0]
-
-    @property
-    def n_primary(self) -> int:
-        h, w = self.primary_hw
-        return self.primary_types * h * w
+from .registry import register_model
 
 
 class CapsNetOutput(NamedTuple):
@@ -189,6 +35,7 @@ class CapsNetOutput(NamedTuple):
     coupling: torch.Tensor | None  # final c_ij [B, n_primary, n_classes] when asked for
 
 
+@register_model
 class CapsNet(Pretrained, nn.Module):
     """The paper's CapsNet: 8,215,568 parameters with the decoder, 6,804,224 without, on 28×28 MNIST.
 

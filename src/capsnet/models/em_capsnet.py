@@ -7,80 +7,21 @@ On 32×32 smallNORB crops the grids are 32 → 14 → 14 → 6 → 4; on 28×28 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError
+from ..configs.em_capsnet import EMCapsNetConfig
 from ..nn.losses import MarginLoss, SpreadLoss, full_precision, spread_margin
 from ..nn.standardize import per_image_standardize
-from ..routing.em import FINAL_LAMBDA
 from ..routing.matrix_capsules import ClassCaps, ConvCaps, PrimaryMatrixCaps
-from .inputs import RecordedData
 from .pretrained import Pretrained
+from .registry import register_model
 
 # The paper's smaller network (§4: "A=64, B=8, C=D=16", 68K parameters); the defaults are the main one (A=B=C=D=32).
 SMALL = {"conv_channels": 64, "primary_types": 8, "caps1_types": 16, "caps2_types": 16}
-
-
-@dataclass
-class EMCapsNetConfig(RecordedData):
-    """Hyper-parameters of :class:`EMCapsNet`; the defaults are the paper's smallNORB model (A=B=C=D=32)."""
-
-    in_channels: int = field(default=1, metadata={"help": "input image channels"})
-    image_size: int = field(default=32, metadata={"help": "input image height and width"})
-    n_classes: int = field(default=5, metadata={"help": "number of classes (class capsules)"})
-    conv_channels: int = field(default=32, metadata={"help": "A: channels of the first convolution"})
-    conv_kernel: int = field(default=5, metadata={"help": "kernel of the first convolution (stride 2)"})
-    primary_types: int = field(default=32, metadata={"help": "B: primary capsule types"})
-    caps1_types: int = field(default=32, metadata={"help": "C: ConvCaps1 capsule types (K=3, stride 2)"})
-    caps2_types: int = field(default=32, metadata={"help": "D: ConvCaps2 capsule types (K=3, stride 1)"})
-    routing_iterations: int = field(default=3, metadata={"help": "routing iterations r"})
-    final_lambda: float = field(
-        default=FINAL_LAMBDA, metadata={"help": "EM inverse temperature: lambda_t = final_lambda (1 - 0.95^(t+1))"}
-    )
-    # σ² floor: 1e-2, not the official code's 5e-4 (routing.em.MIN_VAR): the gradient through the E-step grows as
-    # 1/σ², and on the bundled sample r = 3 learned only with the larger floor (docs/benchmarks.md, EM routing).
-    min_var: float = field(
-        default=1e-2, metadata={"help": "floor of the EM variances sigma^2 (bounds 1/sigma^2 in the gradients)"}
-    )
-    centre_activations: bool = field(
-        default=True, metadata={"help": "start beta_a so that half the capsules are active on the first batch"}
-    )
-    coordinate_addition: bool = field(default=True, metadata={"help": "add scaled positions to the class votes"})
-    class_loss: Literal["spread", "margin", "cross_entropy"] = field(
-        default="spread", metadata={"help": "loss on the class activations"}
-    )
-    margin_anneal_steps: int = field(
-        default=10000, metadata={"help": "training steps over which the spread loss margin grows from 0.2 to 0.9"}
-    )
-
-    def __post_init__(self) -> None:
-        ints = ("in_channels", "image_size", "n_classes", "conv_channels", "conv_kernel", "primary_types",
-                "caps1_types", "caps2_types", "routing_iterations", "margin_anneal_steps")  # fmt: skip
-        for name in ints:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        self._check_recorded(self.n_classes)
-        if self.final_lambda <= 0 or self.min_var <= 0:
-            raise ConfigError(f"final_lambda and min_var must be > 0, got {self.final_lambda}, {self.min_var}")
-        if self.class_grid < 1:
-            raise ConfigError(f"image_size {self.image_size} is too small for EMCapsNet's layers")
-
-    def layer_geometry(self) -> list[tuple[int, int]]:
-        """(kernel, stride) of the layers that shrink the grid: conv, ConvCaps1, ConvCaps2."""
-        return [(self.conv_kernel, 2), (3, 2), (3, 1)]
-
-    @property
-    def class_grid(self) -> int:
-        """Side of the ConvCaps2 grid the class capsules read: 32 → 14 → 6 → 4."""
-        s = self.image_size
-        for k, stride in self.layer_geometry():
-            s = (s - k) // stride + 1
-        return s
 
 
 def receptive_field_centres(config: EMCapsNetConfig) -> torch.Tensor:
@@ -106,6 +47,7 @@ class EMCapsNetOutput(NamedTuple):
     logits: torch.Tensor  # λ (β_a − Σ_h cost_h), a_j = sigmoid(logits)  [B, n_classes]
 
 
+@register_model
 class EMCapsNet(Pretrained, nn.Module):
     """The paper's smallNORB network: 316,394 parameters (A=B=C=D=32, 5 classes), 67,154 for A=64, B=8, C=D=16.
 

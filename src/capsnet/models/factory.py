@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from typing import Any
 
 from ..config import from_dict
-from .hub import resolve_pretrained
+from .hub import resolve_pretrained, shipped_tags
 from .registry import MODELS
 
 
@@ -29,3 +30,10 @@ def create_model(name: str, *, pretrained: str | os.PathLike | None = None, **ov
 
 
 __all__ = ["create_model"]
+
+
+def list_models(pattern: str = "*", *, pretrained: bool = False) -> list[str]:
+    """The registered model names, sorted: those matching the shell-style `pattern` (e.g. "*capsnet"), and with
+    `pretrained=True` only those with shipped weights (:func:`capsnet.models.hub.shipped_tags`)."""
+    names = sorted(n for n in MODELS if fnmatch.fnmatchcase(n, pattern))
+    return [n for n in names if shipped_tags(n)] if pretrained else names

@@ -2,73 +2,14 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import Any
-
 import torch
 
-from ..errors import ConfigError
-
-
-@dataclass(kw_only=True)
-class RecordedData:
-    """Config fields that describe the data a model was trained on rather than its architecture: the training
-    task (capsnet.training.tasks) fills them in from the data set, and predict, evaluate and visualize read them.
-    A model config inherits them (keyword-only, so its own fields keep their positions) and calls
-    `_check_recorded(n_classes)` in its `__post_init__`."""
-
-    standardize: bool = field(
-        default=False, metadata={"help": "per-image standardization of the input; set from the data set's augmentation"}
-    )
-    class_names: tuple[str, ...] = field(default=(), metadata={"help": "the training data's class names"})
-    digits: bool = field(
-        default=True, metadata={"help": "trained on a digit set: predict inverts and boxes images as MNIST's"}
-    )
-    source_size: tuple[int, ...] = field(
-        default=(), metadata={"help": "[H, W] of the training images before cropping (empty: image_size)"}
-    )
-    # How the data pipeline turns uint8 pixels p into the model's input x (capsnet.data.scaling): p / input_divisor,
-    # or, with channel_standardize, (p − mean_c) / std_c with the statistics of the split being read.
-    input_divisor: float = field(
-        default=255.0, metadata={"help": "uint8 pixels are divided by this; set from the data set's augmentation"}
-    )
-    channel_standardize: bool = field(
-        default=False,
-        metadata={"help": "per-channel standardization with the statistics of the split read (evaluate) or of the "
-                  "training split (channel_mean, channel_std: single images); set from the augmentation"},
-    )  # fmt: skip
-    channel_mean: tuple[float, ...] = field(
-        default=(), metadata={"help": "the training split's per-channel pixel mean (with channel_standardize)"}
-    )
-    channel_std: tuple[float, ...] = field(
-        default=(), metadata={"help": "the training split's per-channel pixel std (with channel_standardize)"}
-    )
-
-    def _check_recorded(self, n_classes: int) -> None:
-        """Lists from config.json become tuples; one class name per class; a positive divisor and stds."""
-        self.class_names, self.source_size = tuple(self.class_names), tuple(self.source_size)
-        self.channel_mean, self.channel_std = tuple(self.channel_mean), tuple(self.channel_std)
-        if self.class_names and len(self.class_names) != n_classes:
-            raise ConfigError(f"{len(self.class_names)} class_names for n_classes {n_classes}")
-        if not self.input_divisor > 0 or any(not s > 0 for s in self.channel_std):
-            raise ConfigError("input_divisor and channel_std must be > 0")
-        if len(self.channel_mean) != len(self.channel_std):
-            raise ConfigError(f"{len(self.channel_mean)} channel_mean values for {len(self.channel_std)} channel_std")
-
-
-# The config fields that come from the training data rather than from the user: the input's shape and classes,
-# and RecordedData's. Training fills them in from the data set; a pretrained model keeps the ones it was saved with.
-DATA_FIELDS = ("in_channels", "image_size", "n_classes", "standardize", "class_names", "digits", "source_size",
-               "input_divisor", "channel_standardize", "channel_mean", "channel_std")  # fmt: skip
-
-
-def image_hw(size: int | tuple[int, ...] | list[int]) -> tuple[int, int]:
-    """A config's `image_size` as (height, width): an int is a square side, a pair is [height, width]."""
-    if isinstance(size, int):
-        return size, size
-    height, width = size
-    return int(height), int(width)
+# (the recorded-data fields and shape checks live torch-free in capsnet.configs.base; imported here by name)
+from ..configs.base import DATA_FIELDS as DATA_FIELDS
+from ..configs.base import RecordedData as RecordedData
+from ..configs.base import check_capsule_layers as check_capsule_layers
+from ..configs.base import check_loss_options as check_loss_options
+from ..configs.base import image_hw as image_hw
 
 
 def check_images(images: torch.Tensor, *, channels: int, size: int | tuple[int, ...], model: str) -> None:
@@ -77,27 +18,3 @@ def check_images(images: torch.Tensor, *, channels: int, size: int | tuple[int, 
     h, w = image_hw(size)
     if images.dim() != 4 or tuple(images.shape[1:]) != (channels, h, w):
         raise ValueError(f"{model} expects images of shape [B, {channels}, {h}, {w}], got {list(images.shape)}")
-
-
-def check_capsule_layers(config: Any) -> None:
-    """ConfigError unless a config's stack of matrix-pose capsule layers is buildable: one positive
-    `capsule_types` and `capsule_strides` entry per layer, a square `pose_dim`, and a last `grids` side >= 1."""
-    types, strides = config.capsule_types, config.capsule_strides
-    if len(types) != len(strides) or min((*types, *strides, 1)) < 1:
-        raise ConfigError("capsule_types and capsule_strides need one positive value per capsule layer")
-    if int(config.pose_dim**0.5) ** 2 != config.pose_dim:
-        raise ConfigError(f"pose_dim must be a square (poses are matrices), got {config.pose_dim}")
-    if config.grids[-1] < 1:
-        raise ConfigError(f"image_size {config.image_size} is too small for the capsule layers")
-
-
-def check_loss_options(config: Any) -> None:
-    """ConfigError unless a config's decoder and loss options are usable: positive `decoder_hidden` sizes, a finite
-    `recon_weight` >= 0 and a `router_init_std` (when set) > 0."""
-    if min((*config.decoder_hidden, 1)) < 1:
-        raise ConfigError(f"decoder_hidden sizes must be >= 1, got {list(config.decoder_hidden)}")
-    if not math.isfinite(config.recon_weight) or config.recon_weight < 0:
-        raise ConfigError(f"recon_weight must be a number >= 0, got {config.recon_weight}")
-    std = config.router_init_std
-    if std is not None and not (math.isfinite(std) and std > 0):
-        raise ConfigError(f"router_init_std must be > 0, got {std}")

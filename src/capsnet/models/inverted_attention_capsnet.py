@@ -32,96 +32,25 @@ their checkpoints only, their convolutional capsules' window expansion (`conv_wi
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError
+from ..configs.inverted_attention_capsnet import InvertedAttentionCapsNetConfig
 from ..nn.losses import full_precision
-from ..nn.primary import conv_output_size
 from ..routing.inverted_attention import InvertedAttentionConv, InvertedAttentionFC, concurrent_routing
 from .capsnet import CapsNetOutput
-from .inputs import check_capsule_layers, check_images
+from .inputs import check_images
 from .pretrained import Pretrained
+from .registry import register_model
 from .self_routing_capsnet import _BasicBlock
 
 RESNET_STEM, RESNET_BLOCKS = 64, (3, 4)  # the authors' resnet_backbone: 64-channel stem, 3 + 4 basic blocks
 
 
-@dataclass
-class InvertedAttentionCapsNetConfig:
-    """Hyper-parameters of :class:`InvertedAttentionCapsNet`; defaults: Tsai et al.'s CIFAR-10 simple-backbone model."""
-
-    in_channels: int = field(default=3, metadata={"help": "input image channels"})
-    image_size: int = field(default=32, metadata={"help": "input image height and width"})
-    n_classes: int = field(default=10, metadata={"help": "number of classes (class capsules)"})
-    stem_channels: int = field(default=128, metadata={"help": "channels of the backbone's 3x3 stride-2 convolution"})
-    primary_types: int = field(default=32, metadata={"help": "primary capsule types"})
-    pose_dim: int = field(default=16, metadata={"help": "capsule pose size (a square: 16 = 4x4 matrices)"})
-    capsule_types: tuple[int, ...] = field(default=(32, 32), metadata={"help": "types of each conv capsule layer"})
-    capsule_strides: tuple[int, ...] = field(default=(2, 1), metadata={"help": "their strides (3x3 kernels)"})
-    routing_iterations: int = field(default=2, metadata={"help": "routing iterations r"})
-    concurrent: bool = field(
-        default=True, metadata={"help": "route all capsule layers concurrently (paper) or one by one"}
-    )
-    # Eq. 2 of the paper has no factor; the authors' released code multiplies the agreement by 1/√d (0.25 here).
-    agreement_scale: float | None = field(
-        default=None,
-        metadata={"help": "factor on the agreement p_j.v_ij (unset: 1/sqrt(pose_dim), the authors' code, 0.25 for "
-                  "4x4 poses; 1: Eq. 2 as the paper prints it)"},
-    )  # fmt: skip
-    backbone: Literal["simple", "resnet"] = field(
-        default="simple",
-        metadata={"help": "simple (one 3x3 stride-2 convolution) or resnet (the authors' ResNet backbone)"},
-    )
-    input_mean: tuple[float, ...] = field(
-        default=(), metadata={"help": "per-channel mean subtracted from the [0, 1] input (empty: none)"}
-    )
-    input_std: tuple[float, ...] = field(
-        default=(), metadata={"help": "per-channel std the input is divided by (the authors' CIFAR-10: "
-                              "0.2023 0.1994 0.2010 with mean 0.4914 0.4822 0.4465)"},
-    )  # fmt: skip
-    conv_windows: Literal["true", "released"] = field(
-        default="true",
-        metadata={"help": "windows of the conv capsule layers: true (the paper) or released (the authors' code's "
-                  "expansion, which mixes locations; for their converted checkpoints)"},
-    )  # fmt: skip
-
-    def __post_init__(self) -> None:
-        self.capsule_types, self.capsule_strides = tuple(self.capsule_types), tuple(self.capsule_strides)
-        names = ("in_channels", "image_size", "n_classes", "stem_channels", "primary_types", "pose_dim",
-                 "routing_iterations")  # fmt: skip
-        for name in names:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.agreement_scale is not None and not self.agreement_scale > 0:
-            raise ConfigError(f"agreement_scale must be > 0, got {self.agreement_scale}")
-        self.input_mean, self.input_std = tuple(self.input_mean), tuple(self.input_std)
-        if len(self.input_mean) != len(self.input_std) or len(self.input_mean) not in (0, self.in_channels):
-            raise ConfigError(f"input_mean and input_std need one value per input channel ({self.in_channels}), "
-                              f"got {len(self.input_mean)} and {len(self.input_std)}")  # fmt: skip
-        if self.input_std and min(self.input_std) <= 0:
-            raise ConfigError(f"input_std must be > 0, got {list(self.input_std)}")
-        check_capsule_layers(self)
-
-    @property
-    def scale(self) -> float:
-        """The agreement's factor: `agreement_scale`, or 1/√pose_dim when unset (the authors' code)."""
-        return self.agreement_scale if self.agreement_scale is not None else 1.0 / math.sqrt(self.pose_dim)
-
-    @property
-    def grids(self) -> list[int]:
-        """Side of each capsule grid: primary, then after each conv capsule layer (32 → 16, 7, 5)."""
-        sizes = [conv_output_size(self.image_size + 2, 3, 2)]  # the backbone: 3×3, stride 2, padding 1
-        for s in self.capsule_strides:
-            sizes.append(conv_output_size(sizes[-1], 3, s))
-        return sizes
-
-
+@register_model
 class InvertedAttentionCapsNet(Pretrained, nn.Module):
     """Tsai et al.'s capsule network with inverted dot-product attention routing (492,177 parameters on CIFAR-10)."""
 

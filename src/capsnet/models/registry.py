@@ -1,36 +1,36 @@
 """The one model registry: `capsnet train --model NAME`, `capsnet models`, `create_model(NAME)` and the `model_type`
 that config.json records all look names up here.
 
-A model is registered in one line, `register_model(NAME, Class)`. Its class names its config dataclass
-(`config_class`), the `model_type` its saved config.json records (an alias of NAME when it differs, so both load),
-its default learning rate (`default_lr`), and `paper` / `designed_for` for `capsnet models`.
+The registry is the floor of capsnet.models: it imports no model. Each built-in model registers itself with the
+decorator `@register_model` on its class, under the name its config has in :data:`capsnet.configs.MODEL_CONFIGS`,
+and `capsnet.models` imports every model module, so that importing anything in capsnet.models fills the registry.
+A model of one's own registers with `register_model(NAME, Class)` (or `@register_model(NAME)`). Its class names
+its config dataclass (`config_class`), the `model_type` its saved config.json records (an alias of NAME when it
+differs, so both load), its default learning rate (`default_lr`), and `paper` / `designed_for` for
+`capsnet models`.
 """
 
 from __future__ import annotations
 
-import fnmatch
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from typing import Any, overload
 
+from ..configs.base import MODEL_CONFIGS, config_name
 from ..errors import ConfigError
-from .baseline import BaselineCNN
-from .capsnet import CapsNet
-from .efficient_capsnet import EfficientCapsNet
-from .em_capsnet import EMCapsNet
-from .hvc_capsnet import HVCCapsNet
-from .inverted_attention_capsnet import InvertedAttentionCapsNet
-from .pretrained import Pretrained
-from .self_routing_capsnet import SelfRoutingCapsNet
+
+_Model = Any  # a model class (a capsnet.models.pretrained.Pretrained subclass); the registry imports no model
 
 
-class Registry(MutableMapping[str, type[Pretrained]]):
+class Registry(MutableMapping[str, _Model]):
     """Model name -> model class. Iterating gives the canonical names in registration order; looking up (`[]`,
     `in`) also takes an alias, such as the `model_type` a class saves under when it differs from its name."""
 
     def __init__(self) -> None:
-        self._models: dict[str, type[Pretrained]] = {}
+        self._models: dict[str, _Model] = {}
         self._aliases: dict[str, str] = {}  # alias -> canonical name
+        self._own_configs: set[str] = set()  # names whose config this registry added to MODEL_CONFIGS
 
-    def register(self, name: str, cls: type[Pretrained], *, aliases: Iterable[str] = ()) -> type[Pretrained]:
+    def register(self, name: str, cls: _Model, *, aliases: Iterable[str] = ()) -> _Model:
         """Add `cls` under `name` (and `aliases`, plus its `model_type` if that differs); returns `cls`."""
         model_type = getattr(cls, "model_type", name)
         extra = [a for a in (*aliases, model_type) if a != name]
@@ -40,6 +40,13 @@ class Registry(MutableMapping[str, type[Pretrained]]):
                 raise ValueError(f"model name {key!r} is taken by {owner!r}")
         self._models[name] = cls
         self._aliases.update(dict.fromkeys(extra, name))
+        config_class = getattr(cls, "config_class", None)
+        if name not in MODEL_CONFIGS and config_class is not None and config_name(config_class) is None:
+            MODEL_CONFIGS[name] = config_class  # a model of one's own: `capsnet train` takes its config's flags
+            self._own_configs.add(name)
+        # the built-in models in capsnet.configs' order (whichever module imports first), then the others
+        order = {n: i for i, n in enumerate(MODEL_CONFIGS)}
+        self._models = dict(sorted(self._models.items(), key=lambda item: order.get(item[0], len(order))))
         return cls
 
     def canonical(self, name: str) -> str:
@@ -53,14 +60,17 @@ class Registry(MutableMapping[str, type[Pretrained]]):
     def aliases(self, name: str) -> list[str]:
         return [alias for alias, target in self._aliases.items() if target == name]
 
-    def __getitem__(self, name: str) -> type[Pretrained]:
+    def __getitem__(self, name: str) -> _Model:
         return self._models[self._aliases.get(name, name)]
 
-    def __setitem__(self, name: str, cls: type[Pretrained]) -> None:
+    def __setitem__(self, name: str, cls: _Model) -> None:
         self.register(name, cls)
 
     def __delitem__(self, name: str) -> None:
         del self._models[name]
+        if name in self._own_configs:
+            self._own_configs.discard(name)
+            MODEL_CONFIGS.pop(name, None)
         self._aliases = {alias: target for alias, target in self._aliases.items() if target != name}
 
     def __iter__(self) -> Iterator[str]:
@@ -71,29 +81,32 @@ class Registry(MutableMapping[str, type[Pretrained]]):
 
 
 MODELS = Registry()
-register_model = MODELS.register
-
-register_model("capsnet", CapsNet)
-register_model("baseline", BaselineCNN)  # saved as model_type "baseline-cnn": both names work
-register_model("em-capsnet", EMCapsNet)
-register_model("efficient-capsnet", EfficientCapsNet)
-register_model("inverted-attention-capsnet", InvertedAttentionCapsNet)
-register_model("self-routing-capsnet", SelfRoutingCapsNet)
-register_model("hvc-capsnet", HVCCapsNet)
 
 
-def model_class(name: str) -> type[Pretrained]:
+@overload
+def register_model(name: _Model, /) -> _Model: ...
+@overload
+def register_model(name: str, cls: _Model, /, *, aliases: Iterable[str] = ()) -> _Model: ...
+@overload
+def register_model(name: str, /, *, aliases: Iterable[str] = ()) -> Callable[[_Model], _Model]: ...
+
+
+def register_model(name: Any, cls: Any = None, /, *, aliases: Iterable[str] = ()) -> Any:
+    """Register a model class and return it: `@register_model` on a built-in model's class (the name is its
+    config's, from capsnet.configs), `register_model(NAME, Class)`, or `@register_model(NAME)`."""
+    if isinstance(name, type):  # @register_model
+        known = config_name(getattr(name, "config_class", None))
+        if known is None:
+            raise ValueError(f"{name.__name__}: its config is not a built-in one; use register_model(NAME, Class)")
+        return MODELS.register(known, name, aliases=aliases)
+    if cls is None:
+        return lambda c: MODELS.register(name, c, aliases=aliases)
+    return MODELS.register(name, cls, aliases=aliases)
+
+
+def model_class(name: str) -> _Model:
     """The model class registered under `name` or one of its aliases; ConfigError naming the known ones otherwise."""
     return MODELS[MODELS.canonical(name)]
 
 
-def list_models(pattern: str = "*", *, pretrained: bool = False) -> list[str]:
-    """The registered model names, sorted: those matching the shell-style `pattern` (e.g. "*capsnet"), and with
-    `pretrained=True` only those with shipped weights (:func:`capsnet.models.hub.shipped_tags`)."""
-    from .hub import shipped_tags
-
-    names = sorted(n for n in MODELS if fnmatch.fnmatchcase(n, pattern))
-    return [n for n in names if shipped_tags(n)] if pretrained else names
-
-
-__all__ = ["MODELS", "Registry", "list_models", "model_class", "register_model"]
+__all__ = ["MODELS", "Registry", "model_class", "register_model"]

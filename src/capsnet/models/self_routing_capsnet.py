@@ -29,73 +29,19 @@ BatchNorm shortcuts, a biased pose convolution without BatchNorm); `saved_defaul
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError
+from ..configs.self_routing_capsnet import SelfRoutingCapsNetConfig
 from ..nn.losses import full_precision
-from ..nn.primary import conv_output_size
 from ..routing.self_routing import SelfRoutingConv, SelfRoutingFC
 from .capsnet import CapsNetOutput
-from .inputs import check_capsule_layers, check_images
+from .inputs import check_images
 from .pretrained import Pretrained
-
-
-@dataclass
-class SelfRoutingCapsNetConfig:
-    """Hyper-parameters of :class:`SelfRoutingCapsNet`; defaults: the authors' CIFAR-10 model (ResNet-20 backbone)."""
-
-    in_channels: int = field(default=3, metadata={"help": "input image channels"})
-    image_size: int = field(default=32, metadata={"help": "input image height and width"})
-    n_classes: int = field(default=10, metadata={"help": "number of classes (class capsules)"})
-    resnet_widths: tuple[int, ...] = field(default=(16, 32, 64), metadata={"help": "channels of the ResNet stages"})
-    resnet_blocks: int = field(default=3, metadata={"help": "basic blocks per ResNet stage (3: ResNet-20)"})
-    shortcut: Literal["identity", "projection"] = field(
-        default="identity",
-        metadata={"help": "ResNet shortcut where the shape changes: zero-padded identity (He et al.'s option A, "
-                          "the authors' code) or 1x1 convolution + BatchNorm (option B)"},
-    )  # fmt: skip
-    primary_types: int = field(default=32, metadata={"help": "primary capsule types"})
-    pose_dim: int = field(default=16, metadata={"help": "capsule pose size (a square: 16 = 4x4 matrices)"})
-    primary_batchnorm: bool = field(
-        default=True,
-        metadata={"help": "BatchNorm on the primary poses, convolutions without bias (the authors' code); "
-                          "--no-primary-batchnorm: a biased pose convolution without it"},
-    )  # fmt: skip
-    capsule_types: tuple[int, ...] = field(
-        default=(), metadata={"help": "types of each conv capsule layer before the class capsules (authors: none)"}
-    )
-    capsule_strides: tuple[int, ...] = field(default=(), metadata={"help": "their strides (3x3 kernels)"})
-
-    def __post_init__(self) -> None:
-        self.resnet_widths = tuple(self.resnet_widths)
-        self.capsule_types, self.capsule_strides = tuple(self.capsule_types), tuple(self.capsule_strides)
-        for name in ("in_channels", "image_size", "n_classes", "resnet_blocks", "primary_types", "pose_dim"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.resnet_widths or min(self.resnet_widths) < 1:
-            raise ConfigError("resnet_widths must be a non-empty list of positive channel counts")
-        if self.shortcut not in ("identity", "projection"):
-            raise ConfigError(f"shortcut must be 'identity' or 'projection', got {self.shortcut!r}")
-        if self.shortcut == "identity" and any(b < a for a, b in zip(self.resnet_widths, self.resnet_widths[1:])):
-            raise ConfigError("identity shortcuts zero-pad channels: resnet_widths must not decrease "
-                              "(or use shortcut 'projection')")  # fmt: skip
-        check_capsule_layers(self)
-
-    @property
-    def grids(self) -> list[int]:
-        """Side of the primary capsule grid, then of each conv capsule layer's: 32 → 8 (backbone) by default."""
-        s = self.image_size
-        for _ in self.resnet_widths[1:]:
-            s = conv_output_size(s, 3, 2, padding=1)  # a stride-2 stage
-        sizes = [s]
-        for stride in self.capsule_strides:
-            sizes.append(conv_output_size(sizes[-1], 3, stride))
-        return sizes
+from .registry import register_model
 
 
 class _ZeroPadShortcut(nn.Module):
@@ -130,6 +76,7 @@ class _BasicBlock(nn.Module):
         return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
+@register_model
 class SelfRoutingCapsNet(Pretrained, nn.Module):
     """Self-routing capsules on a ResNet-20 backbone (Hahn et al. 2019): 931,664 parameters on CIFAR-10."""
 

@@ -8,14 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..configs.base import conv_output_size as conv_output_size
 from .squash import squash
-
-
-def conv_output_size(size: int, kernel_size: int, stride: int = 1, padding: int = 0) -> int:
-    """Side of a convolution's output: ⌊(size + 2·padding - kernel_size) / stride⌋ + 1 (< 1: the input is too small).
-
-    With padding = kernel_size // 2 (odd kernels: "same") this is ⌈size / stride⌉, as TensorFlow's SAME padding."""
-    return (size + 2 * padding - kernel_size) // stride + 1
 
 
 class PrimaryCapsules(nn.Module):

@@ -9,6 +9,7 @@ runs, globally, per model or per layer (`layer.backend`).
 May import: capsnet.nn and the foundation modules (errors, fileio, config); never models, data or above.
 """
 
+from ..configs.base import ROUTINGS
 from .backend import BACKENDS, get_backend, set_backend, use_backend
 from .base import RoutingLayer, RoutingOutput, weight_spread
 from .dynamic import Router, RoutingResult, default_weight_std, dynamic_routing, route_votes
@@ -18,18 +19,6 @@ from .inverted_attention import InvertedAttentionConv, InvertedAttentionFC, conc
 from .matrix_capsules import ClassCaps, ConvCaps, PrimaryMatrixCaps
 from .self_attention import SelfAttentionRouter, self_attention_routing
 from .self_routing import SelfRoutingConv, SelfRoutingFC
-
-# `--routing` name -> (paper, one-line equation summary); the layers are built by capsnet.models.capsnet.
-ROUTINGS: dict[str, tuple[str, str]] = {
-    "dynamic": ("Sabour, Frosst & Hinton, NeurIPS 2017",
-                "c = softmax_j(b); s_j = Σ_i c_ij û_j|i; v = squash(s); b += û·v, r iterations"),
-    "self-attention": ("Mazzia, Salvetti & Chiaberge, Sci. Rep. 2021 (Efficient-CapsNet)",
-                       "c = softmax_j(Σ_k Û_j Û_jᵀ/√d); s_j = Σ_i û_ij (c_ij + b_ij); v = (1 − e^−|s|) s/|s|"),
-    "inverted-attention": ("Tsai, Srivastava, Goh & Salakhutdinov, ICLR 2020",
-                           "p_j = 0; r = softmax_j(p_jᵀ v_ij); p_j = LayerNorm(Σ_i r_ij v_ij), r iterations"),
-    "self-routing": ("Hahn, Pyeon & Kim, NeurIPS 2019",
-                     "c = softmax_j(W_route u_i); a_j = Σ c a_i / Σ a_i; u_j = Σ c a_i û / Σ c a_i"),
-}  # fmt: skip
 
 __all__ = [
     "BACKENDS",

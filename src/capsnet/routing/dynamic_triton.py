@@ -27,6 +27,7 @@ import torch
 from ..errors import ConfigError
 from . import dynamic_cpu
 from .backend import resolve
+from .extension import assume_constant_result
 
 TILE = 4096  # elements of a program's largest tile (about 32 fp32 registers per thread at 4 warps)
 _kernels: dict[str, ModuleType | None] = {}
@@ -51,7 +52,7 @@ def kernels() -> ModuleType | None:
     return _kernels["module"]
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def available() -> bool:
     """CAPSNET_TRITON=1 and Triton importable (torch.compile takes the answer as a constant)."""
     return enabled() and kernels() is not None

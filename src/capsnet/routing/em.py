@@ -48,7 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-FINAL_LAMBDA = 0.01  # λ_final: the authors' value (OpenReview reply; Gritzman 2019)
+from ..configs.base import FINAL_LAMBDA as FINAL_LAMBDA
+
 MIN_VAR = 5e-4  # σ² floor: `min_var` of the official capsule_em code
 DATA_SCALE = 100.0  # Gritzman 2019: Σ_i R'_ij × 100 / (I / J)
 _LOG_2PI = math.log(2.0 * math.pi)

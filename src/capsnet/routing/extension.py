@@ -130,6 +130,15 @@ def build_extension(source_path: Path, prefix: str, verbose: bool = False, *, no
     raise RuntimeError("; ".join(errors))
 
 
+def assume_constant_result(fn: Callable[[], bool]) -> Callable[[], bool]:
+    """`fn`, marked for torch.compile as returning a constant (`torch.compiler.assume_constant_result`), without
+    importing torch._dynamo: that function sets this one attribute, and importing dynamo costs seconds."""
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
 class LazyExtension:
     """The kernel `csrc/<name>.cpp`, built as `capsnet_<name>_…` by :func:`build_extension` at the first
     :meth:`load` and kept. `what` names it in messages ("the fused CPU routing kernel"), `fallback` what runs
@@ -197,8 +206,8 @@ class LazyExtension:
         on the first call), and `applicable(u, weight, backend=None)`, whether it handles these inputs: CPU tensors,
         and a layer backend (None: the global one) under which the kernel is used."""
         # torch.compile takes each answer as a constant: the lock and the build stay untraced
-        available = torch.compiler.assume_constant_result(lambda: self.usable(None))
-        per_layer = {name: torch.compiler.assume_constant_result(partial(self.usable, name)) for name in BACKENDS}
+        available = assume_constant_result(lambda: self.usable(None))
+        per_layer = {name: assume_constant_result(partial(self.usable, name)) for name in BACKENDS}
 
         def applicable(u: torch.Tensor, weight: torch.Tensor, backend: str | None = None) -> bool:
             if u.device.type != "cpu" or weight.device.type != "cpu":

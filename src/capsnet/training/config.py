@@ -6,10 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..data.folder import parse_size
+from ..configs.base import (
+    DATA_FIELDS,  # model options that come from the data set rather than from flags
+    MODEL_CONFIGS,
+    parse_size,
+)
 from ..errors import ConfigError, DatasetError
-from ..models.inputs import DATA_FIELDS  # model options that come from the data set rather than from flags
-from ..models.registry import MODELS
 
 
 @dataclass
@@ -94,9 +96,11 @@ class TrainConfig:
     resume: bool = field(default=False, metadata={"help": "continue the run in --out from its last checkpoint"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     tensorboard: bool = field(default=True, metadata={"help": "write TensorBoard scalars when installed"})
-    model: str = field(default="capsnet", metadata={"help": f"the network: {', '.join(MODELS)}"})
+    model: str = field(default="capsnet", metadata={"help": f"the network: {', '.join(MODEL_CONFIGS)}"})
 
     def __post_init__(self) -> None:
+        from ..models.registry import MODELS  # (torch: the parser reads these fields without it)
+
         self.model = MODELS.canonical(self.model)  # an alias (e.g. baseline-cnn) names its model; else ConfigError
         for name in ("epochs", "batch_size", "eval_batch_size", "train_subset", "test_subset"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
@@ -120,6 +124,8 @@ class TrainConfig:
     @property
     def learning_rate(self) -> float:
         """The Adam learning rate: `lr` if given, else the model's own default (`default_lr` of its class)."""
+        from ..models.registry import MODELS
+
         return self.lr if self.lr is not None else MODELS[self.model].default_lr
 
     @property
@@ -128,6 +134,8 @@ class TrainConfig:
         epoch's learning rate to lr × lr_end, so the schedule stretches with `epochs` (1 epoch: no decay)."""
         if self.lr_decay is not None:
             return self.lr_decay
+        from ..models.registry import MODELS
+
         model_decay = getattr(MODELS[self.model], "default_lr_decay", None)  # a paper's own recipe (Efficient-CapsNet)
         if model_decay is not None:
             return model_decay

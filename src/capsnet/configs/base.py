@@ -1,0 +1,155 @@
+"""What the model configs share, torch-free: the routing names, the recorded-data fields every model config
+inherits, the shape arithmetic their checks use, and the registry of model configs by model name.
+
+May import: the foundation modules only (errors). Every layer may import it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError, DatasetError
+
+# `--routing` name -> (paper, one-line equation summary); the layers are built by capsnet.models.capsnet.
+ROUTINGS: dict[str, tuple[str, str]] = {
+    "dynamic": ("Sabour, Frosst & Hinton, NeurIPS 2017",
+                "c = softmax_j(b); s_j = Σ_i c_ij û_j|i; v = squash(s); b += û·v, r iterations"),
+    "self-attention": ("Mazzia, Salvetti & Chiaberge, Sci. Rep. 2021 (Efficient-CapsNet)",
+                       "c = softmax_j(Σ_k Û_j Û_jᵀ/√d); s_j = Σ_i û_ij (c_ij + b_ij); v = (1 − e^−|s|) s/|s|"),
+    "inverted-attention": ("Tsai, Srivastava, Goh & Salakhutdinov, ICLR 2020",
+                           "p_j = 0; r = softmax_j(p_jᵀ v_ij); p_j = LayerNorm(Σ_i r_ij v_ij), r iterations"),
+    "self-routing": ("Hahn, Pyeon & Kim, NeurIPS 2019",
+                     "c = softmax_j(W_route u_i); a_j = Σ c a_i / Σ a_i; u_j = Σ c a_i û / Σ c a_i"),
+}  # fmt: skip
+
+FINAL_LAMBDA = 0.01  # λ_final: the authors' value (OpenReview reply; Gritzman 2019)
+
+
+@dataclass(kw_only=True)
+class RecordedData:
+    """Config fields that describe the data a model was trained on rather than its architecture: the training
+    task (capsnet.training.tasks) fills them in from the data set, and predict, evaluate and visualize read them.
+    A model config inherits them (keyword-only, so its own fields keep their positions) and calls
+    `_check_recorded(n_classes)` in its `__post_init__`."""
+
+    standardize: bool = field(
+        default=False, metadata={"help": "per-image standardization of the input; set from the data set's augmentation"}
+    )
+    class_names: tuple[str, ...] = field(default=(), metadata={"help": "the training data's class names"})
+    digits: bool = field(
+        default=True, metadata={"help": "trained on a digit set: predict inverts and boxes images as MNIST's"}
+    )
+    source_size: tuple[int, ...] = field(
+        default=(), metadata={"help": "[H, W] of the training images before cropping (empty: image_size)"}
+    )
+    # How the data pipeline turns uint8 pixels p into the model's input x (capsnet.data.scaling): p / input_divisor,
+    # or, with channel_standardize, (p − mean_c) / std_c with the statistics of the split being read.
+    input_divisor: float = field(
+        default=255.0, metadata={"help": "uint8 pixels are divided by this; set from the data set's augmentation"}
+    )
+    channel_standardize: bool = field(
+        default=False,
+        metadata={"help": "per-channel standardization with the statistics of the split read (evaluate) or of the "
+                  "training split (channel_mean, channel_std: single images); set from the augmentation"},
+    )  # fmt: skip
+    channel_mean: tuple[float, ...] = field(
+        default=(), metadata={"help": "the training split's per-channel pixel mean (with channel_standardize)"}
+    )
+    channel_std: tuple[float, ...] = field(
+        default=(), metadata={"help": "the training split's per-channel pixel std (with channel_standardize)"}
+    )
+
+    def _check_recorded(self, n_classes: int) -> None:
+        """Lists from config.json become tuples; one class name per class; a positive divisor and stds."""
+        self.class_names, self.source_size = tuple(self.class_names), tuple(self.source_size)
+        self.channel_mean, self.channel_std = tuple(self.channel_mean), tuple(self.channel_std)
+        if self.class_names and len(self.class_names) != n_classes:
+            raise ConfigError(f"{len(self.class_names)} class_names for n_classes {n_classes}")
+        if not self.input_divisor > 0 or any(not s > 0 for s in self.channel_std):
+            raise ConfigError("input_divisor and channel_std must be > 0")
+        if len(self.channel_mean) != len(self.channel_std):
+            raise ConfigError(f"{len(self.channel_mean)} channel_mean values for {len(self.channel_std)} channel_std")
+
+
+# The config fields that come from the training data rather than from the user: the input's shape and classes,
+# and RecordedData's. Training fills them in from the data set; a pretrained model keeps the ones it was saved with.
+DATA_FIELDS = ("in_channels", "image_size", "n_classes", "standardize", "class_names", "digits", "source_size",
+               "input_divisor", "channel_standardize", "channel_mean", "channel_std")  # fmt: skip
+
+
+def image_hw(size: int | tuple[int, ...] | list[int]) -> tuple[int, int]:
+    """A config's `image_size` as (height, width): an int is a square side, a pair is [height, width]."""
+    if isinstance(size, int):
+        return size, size
+    height, width = size
+    return int(height), int(width)
+
+
+def parse_size(text: str | int | tuple[int, int] | list[int] | None) -> tuple[int, int] | None:
+    """ "32" -> (32, 32); "48x64" -> (48, 64) (H×W); ints and pairs pass through."""
+    if text is None:
+        return None
+    if isinstance(text, int):
+        size: tuple[int, ...] = (text, text)
+    elif isinstance(text, (tuple, list)):
+        size = tuple(int(v) for v in text) * (2 if len(text) == 1 else 1)
+    else:
+        try:
+            parts = [int(v) for v in str(text).lower().replace("×", "x").split("x")]
+        except ValueError:
+            raise DatasetError(f"image size {text!r}: expected H or HxW, e.g. 32 or 48x64") from None
+        size = tuple(parts) * (2 if len(parts) == 1 else 1)
+    if len(size) != 2 or min(size) < 1:
+        raise DatasetError(f"image size {text!r}: expected H or HxW with positive sides")
+    return size
+
+
+def conv_output_size(size: int, kernel_size: int, stride: int = 1, padding: int = 0) -> int:
+    """Side of a convolution's output: ⌊(size + 2·padding - kernel_size) / stride⌋ + 1 (< 1: the input is too small).
+
+    With padding = kernel_size // 2 (odd kernels: "same") this is ⌈size / stride⌉, as TensorFlow's SAME padding."""
+    return (size + 2 * padding - kernel_size) // stride + 1
+
+
+def check_loss_options(config: Any) -> None:
+    """ConfigError unless a config's decoder and loss options are usable: positive `decoder_hidden` sizes, a finite
+    `recon_weight` >= 0 and a `router_init_std` (when set) > 0."""
+    if min((*config.decoder_hidden, 1)) < 1:
+        raise ConfigError(f"decoder_hidden sizes must be >= 1, got {list(config.decoder_hidden)}")
+    if not math.isfinite(config.recon_weight) or config.recon_weight < 0:
+        raise ConfigError(f"recon_weight must be a number >= 0, got {config.recon_weight}")
+    std = config.router_init_std
+    if std is not None and not (math.isfinite(std) and std > 0):
+        raise ConfigError(f"router_init_std must be > 0, got {std}")
+
+
+def check_capsule_layers(config: Any) -> None:
+    """ConfigError unless a config's stack of matrix-pose capsule layers is buildable: one positive
+    `capsule_types` and `capsule_strides` entry per layer, a square `pose_dim`, and a last `grids` side >= 1."""
+    types, strides = config.capsule_types, config.capsule_strides
+    if len(types) != len(strides) or min((*types, *strides, 1)) < 1:
+        raise ConfigError("capsule_types and capsule_strides need one positive value per capsule layer")
+    if int(config.pose_dim**0.5) ** 2 != config.pose_dim:
+        raise ConfigError(f"pose_dim must be a square (poses are matrices), got {config.pose_dim}")
+    if config.grids[-1] < 1:
+        raise ConfigError(f"image_size {config.image_size} is too small for the capsule layers")
+
+
+# model name -> its config class: the one list of the built-in model names (`capsnet train --model`), read by the
+# command line's parser without importing torch; capsnet.models.registry registers each model under its config's
+# name.
+MODEL_CONFIGS: dict[str, type] = {}
+
+
+def register_config(name: str, config_class: type) -> None:
+    """Record `config_class` as the config of model `name` (a name or a class registered twice is an error)."""
+    if name in MODEL_CONFIGS or config_class in MODEL_CONFIGS.values():
+        raise ValueError(f"model config {name!r} ({config_class.__name__}) is registered already")
+    MODEL_CONFIGS[name] = config_class
+
+
+def config_name(config_class: type | None) -> str | None:
+    """The model name `config_class` is registered under (None: not a built-in model's config)."""
+    return next((name for name, cls in MODEL_CONFIGS.items() if cls is config_class), None)
