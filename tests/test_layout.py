@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "capsnet"
-FOUNDATION = {"errors", "fileio", "config", "_version", "fetch"}
+FOUNDATION = {"errors", "fileio", "config", "_version", "fetch", "limits"}
 
 BELOW_TRAINING = {"foundation", "nn", "routing", "models", "data", "training"}
 MAY_IMPORT: dict[str, set[str]] = {
