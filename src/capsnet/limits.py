@@ -36,6 +36,17 @@ DOWNLOAD_DEADLINE_S = 3600.0  # a whole data set on a slow link
 CONFIG_DOWNLOAD_DEADLINE_S = 120.0  # a few KB
 
 
+def array_too_large(elements: int, itemsize: int, file_bytes: int) -> str | None:
+    """Why an array of `elements` items of `itemsize` bytes, declared by a file of `file_bytes` bytes, is refused
+    (more than MAX_ARRAY_ELEMENTS, or more than MAX_EXPANSION times the file's size); None when it may be read."""
+    if elements > MAX_ARRAY_ELEMENTS:
+        return f"{elements:,} values is more than the {MAX_ARRAY_ELEMENTS:,} one array may have (MAX_ARRAY_ELEMENTS)"
+    if elements * itemsize > MAX_EXPANSION * max(file_bytes, 1 << 20):
+        return (f"{elements * itemsize:,} bytes declared by a file of {file_bytes:,} bytes (more than "
+                f"{MAX_EXPANSION} times its size: MAX_EXPANSION)")  # fmt: skip
+    return None
+
+
 __all__ = [
     "CONFIG_DEPTH",
     "CONFIG_DOWNLOAD_DEADLINE_S",
@@ -50,4 +61,5 @@ __all__ = [
     "MAX_IMAGE_PIXELS",
     "MAX_IMAGE_SIDE",
     "MAX_PARAMETERS",
+    "array_too_large",
 ]
