@@ -117,7 +117,7 @@ def _fetch_once(
         while True:
             if response.fp is not None and response.fp.raw is not None:  # (each read waits at most what is left)
                 with contextlib.suppress(AttributeError, OSError):
-                    response.fp.raw._sock.settimeout(_left(ends, timeout, url))  # type: ignore[union-attr]
+                    response.fp.raw._sock.settimeout(_left(ends, timeout, url))
             with _network():
                 chunk = response.read1(CHUNK)  # (what has arrived: a trickle cannot hold one call for long)
             if not chunk:
