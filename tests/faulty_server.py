@@ -12,6 +12,8 @@ Each path has a body and a plan: one behaviour per request, the last repeated. B
     no-length       no Content-Length (the body ends when the connection closes), whole body
     short-no-length no Content-Length, half the body
     slow            the whole body after a short wait (to make concurrent clients overlap)
+    trickle         the right Content-Length, then the body a byte every TRICKLE_S seconds
+    endless         no Content-Length, and a body that never ends (zeros until the client hangs up)
     404, 500        that status, no body
 """
 
@@ -25,6 +27,7 @@ import time
 from collections import Counter
 
 STALL_S = 1.5  # longer than the tests' client timeout
+TRICKLE_S = 0.2  # shorter than the tests' client timeout: every read gets a byte in time
 
 
 class FaultyServer:
@@ -90,7 +93,7 @@ def behave(handler: http.server.BaseHTTPRequestHandler, what: str, body: bytes) 
     if what == "slow":
         time.sleep(0.3)
     handler.send_response(200)
-    chunked, length = what == "chunked-cut", what not in ("no-length", "short-no-length", "chunked-cut")
+    chunked, length = what == "chunked-cut", what not in ("no-length", "short-no-length", "chunked-cut", "endless")
     if length:
         handler.send_header("Content-Length", str(len(body)))
     if chunked:
@@ -114,6 +117,15 @@ def behave(handler: http.server.BaseHTTPRequestHandler, what: str, body: bytes) 
         handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         handler.connection.close()  # a reset, not an orderly close
         return
+    elif what == "trickle":
+        for i in range(len(body)):
+            out.write(body[i : i + 1])
+            out.flush()
+            time.sleep(TRICKLE_S)
+    elif what == "endless":
+        block = bytes(1 << 16)
+        while True:  # until the client closes: the write fails
+            out.write(block)
     elif what == "stall":
         out.write(body[:10])
         out.flush()
@@ -124,4 +136,4 @@ def behave(handler: http.server.BaseHTTPRequestHandler, what: str, body: bytes) 
 
 
 BEHAVIOURS = ["truncate", "drop", "chunked-cut", "wrong", "stall", "stall-headers", "500", "short-no-length"]
-__all__ = ["BEHAVIOURS", "STALL_S", "FaultyServer"]
+__all__ = ["BEHAVIOURS", "STALL_S", "TRICKLE_S", "FaultyServer"]

@@ -96,7 +96,7 @@ def test_a_file_already_there_is_kept_unless_its_checksum_is_wrong(server, tmp_p
 def test_ctrl_c_mid_body_leaves_no_partial_file(server, tmp_path, monkeypatch):
     url = server.serve("c.bin", BODY)
     reads = []
-    real = fetch.http.client.HTTPResponse.read
+    real = fetch.http.client.HTTPResponse.read1
 
     def read(self, *args):
         reads.append(1)
@@ -104,7 +104,7 @@ def test_ctrl_c_mid_body_leaves_no_partial_file(server, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(self, *args)
 
-    monkeypatch.setattr(fetch.http.client.HTTPResponse, "read", read)
+    monkeypatch.setattr(fetch.http.client.HTTPResponse, "read1", read)
     with pytest.raises(KeyboardInterrupt):
         fetch.fetch_url(url, tmp_path / "c.bin", md5=MD5, **FAST)
     assert _leftovers(tmp_path) == []

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "capsnet"
-FOUNDATION = {"errors", "fileio", "config", "_version", "fetch", "_lazy"}
+FOUNDATION = {"errors", "fileio", "config", "_version", "fetch", "_lazy", "limits"}
 
 BELOW_TRAINING = {"foundation", "configs", "nn", "routing", "models", "data", "training"}
 MAY_IMPORT: dict[str, set[str]] = {

@@ -18,6 +18,10 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from .errors import ConfigError
+from .limits import CONFIG_FILE_BYTES, MAX_CLASSES, MAX_IMAGE_SIDE
+
+# Integer config fields with a limit, by name, whichever dataclass has them (docs/security.md).
+FIELD_LIMITS = {"n_classes": MAX_CLASSES, "image_size": MAX_IMAGE_SIDE}
 
 T = TypeVar("T")
 
@@ -33,6 +37,10 @@ def from_dict(cls: type[T], data: dict[str, Any], *, what: str = "config") -> T:
         raise ConfigError(f"{what}: unknown key(s) {', '.join(unknown)}; known: {', '.join(fields)}")
     hints = typing.get_type_hints(cls)
     values = {name: _coerce(hints[name], value, f"{what}.{name}") for name, value in data.items()}
+    for name, limit in FIELD_LIMITS.items():
+        value = values.get(name)
+        if any(isinstance(v, int) and v > limit for v in (value if isinstance(value, (tuple, list)) else [value])):
+            raise ConfigError(f"{what}.{name}: {value!r} is more than the limit of {limit:,}")
     try:
         return cls(**values)
     except (TypeError, ValueError) as e:
@@ -107,27 +115,60 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: a folder, not a config file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    text = path.read_text(encoding="utf-8")
+    text = read_text_file(path, what="config file")
     if path.suffix.lower() in (".yaml", ".yml"):
         try:
             import yaml
         except ImportError:
             raise ConfigError("reading YAML configs needs PyYAML: pip install 'capsnet[config]'") from None
+        if _yaml_has_alias(yaml, text):
+            raise ConfigError(f"{path}: YAML aliases (*name) are not accepted in a config file; write the values out")
         try:
             data = yaml.safe_load(text)
+        except RecursionError:
+            raise ConfigError(f"{path}: nested too deeply to be a config file") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)  # where the parser stopped
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
             what = getattr(e, "problem", None) or type(e).__name__
             raise ConfigError(f"{path}: not valid YAML ({what}{where})") from None
     else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        data = parse_json(text, path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return data
+
+
+def read_text_file(path: Path, *, what: str, limit: int = CONFIG_FILE_BYTES) -> str:
+    """The UTF-8 text of a small file (a config): ConfigError if it is larger than `limit` bytes or not UTF-8; an
+    OSError (no permission, ...) propagates with its path."""
+    with open(path, "rb") as f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise ConfigError(f"{path}: larger than the {limit:,} bytes a {what} may have (CONFIG_FILE_BYTES)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def parse_json(text: str, path: str | Path) -> Any:
+    """`json.loads(text)`: ConfigError naming `path` if it is not JSON or is nested too deeply."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a config file") from None
+
+
+def _yaml_has_alias(yaml: Any, text: str) -> bool:
+    """Whether the YAML `text` uses an alias (`*name`): the billion-laughs expansion needs them, a config never
+    does. Scanned token by token, before anything is built; a malformed text is left to the parser's message."""
+    try:
+        return any(isinstance(token, yaml.AliasToken) for token in yaml.scan(text, Loader=yaml.SafeLoader))
+    except yaml.YAMLError:
+        return False
 
 
 def _flag(name: str) -> str:

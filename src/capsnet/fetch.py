@@ -9,7 +9,10 @@
 - A try that fails in a way the next one may not (a connection dropped mid-body, a body cut short, a chunked
   response cut off, a timeout, HTTP 5xx, 408 or 429, wrong bytes) is repeated, up to `retries` tries in all, the
   wait doubling from `backoff` seconds. HTTP 4xx, an unknown host and a malformed URL fail at once.
-- `timeout` bounds each connect and each read, not the whole download.
+- `timeout` bounds each connect and each read; `deadline` (seconds) the whole call, every try included: a server
+  that trickles a byte at a time ends with a DownloadError when it passes. `max_bytes` bounds the body: a
+  Content-Length above it is refused before reading, and the bytes are counted as they arrive (a body that never
+  ends stops at the limit). Neither is retried. Defaults: capsnet.limits.
 - Several processes that fetch the same `dest` at once (torchrun ranks on one machine, parallel jobs sharing a
   cache) take turns on a lock file beside it (:func:`file_lock`); the first downloads, the others find `dest` there.
 
@@ -36,6 +39,7 @@ from pathlib import Path
 from ._version import __version__
 from .errors import DownloadError
 from .fileio import atomic_open
+from .limits import DOWNLOAD_DEADLINE_S, MAX_DOWNLOAD_BYTES
 
 RETRIES = 3  # tries per URL
 BACKOFF_S = 1.0  # wait after the first failed try; doubled after each further one
@@ -60,6 +64,8 @@ def fetch_url(
     retries: int = RETRIES,
     timeout: float = TIMEOUT_S,
     backoff: float = BACKOFF_S,
+    max_bytes: int = MAX_DOWNLOAD_BYTES,
+    deadline: float = DOWNLOAD_DEADLINE_S,
 ) -> Path:
     """Download `url` into `dest` (see the module docstring) and return `dest`. A `dest` already there with the
     given checksums (or any `dest`, when none is given) is kept and not fetched again."""
@@ -73,37 +79,53 @@ def fetch_url(
         if dest.is_file() and _matches(dest, md5, sha256):  # (fetched meanwhile by another process)
             return dest
         reasons: list[str] = []
+        ends = time.monotonic() + deadline
         for attempt in range(retries):
             try:
-                _fetch_once(url, dest, md5=md5, sha256=sha256, timeout=timeout)
+                _fetch_once(url, dest, md5=md5, sha256=sha256, timeout=timeout, max_bytes=max_bytes, ends=ends)
                 return dest
             except _GiveUp as e:
                 raise DownloadError(f"{url}: {e}", url=url, permanent=True) from None
             except _Retry as e:
                 reasons.append(str(e))
             if attempt + 1 < retries:
-                time.sleep(backoff * 2**attempt)
+                wait = backoff * 2**attempt
+                if time.monotonic() + wait >= ends:
+                    raise DownloadError(f"{url}: {reasons[-1]}; not done within its deadline of {deadline:g} s",
+                                        url=url)  # fmt: skip
+                time.sleep(wait)
         tried = f"after {retries} tries" if retries > 1 else "after 1 try"
         why = reasons[-1] if len(set(reasons)) == 1 else "; ".join(reasons)
         raise DownloadError(f"{url}: {why} ({tried})", url=url, permanent=False)
 
 
-def _fetch_once(url: str, dest: Path, *, md5: str | None, sha256: str | None, timeout: float) -> None:
-    """One try: the body streamed into a temporary file that replaces `dest` only when it is complete and checked."""
+def _fetch_once(
+    url: str, dest: Path, *, md5: str | None, sha256: str | None, timeout: float, max_bytes: int, ends: float
+) -> None:
+    """One try: the body streamed into a temporary file that replaces `dest` only when it is complete and checked.
+    Past `ends` (a time.monotonic() value) or `max_bytes`, it gives up (_GiveUp)."""
     headers = {"User-Agent": f"capsnet/{__version__}", "Accept-Encoding": "identity"}
     request = urllib.request.Request(url, headers=headers)
     digests = [h for h, want in ((hashlib.md5(), md5), (hashlib.sha256(), sha256)) if want]
     with _network():
-        response = urllib.request.urlopen(request, timeout=timeout)
+        response = urllib.request.urlopen(request, timeout=_left(ends, timeout, url))
     with response, atomic_open(dest, "wb") as out:  # (a failure to write here is the OSError it is, not retried)
         expected = _content_length(response)
+        if expected is not None and expected > max_bytes:
+            raise _GiveUp(f"the server announces {expected:,} bytes, more than the limit of {max_bytes:,}")
         received = 0
         while True:
+            if response.fp is not None and response.fp.raw is not None:  # (each read waits at most what is left)
+                with contextlib.suppress(AttributeError, OSError):
+                    response.fp.raw._sock.settimeout(_left(ends, timeout, url))
             with _network():
-                chunk = response.read(CHUNK)
+                chunk = response.read1(CHUNK)  # (what has arrived: a trickle cannot hold one call for long)
             if not chunk:
                 break
             received += len(chunk)
+            if received > max_bytes:
+                raise _GiveUp(f"the body goes on past the limit of {max_bytes:,} bytes")
+            _left(ends, timeout, url)
             out.write(chunk)
             for h in digests:
                 h.update(chunk)
@@ -113,6 +135,14 @@ def _fetch_once(url: str, dest: Path, *, md5: str | None, sha256: str | None, ti
         for h, want in zip(digests, [w for w in (md5, sha256) if w]):
             if h.hexdigest() != want.lower():
                 raise _Retry(f"{h.name.upper()} {h.hexdigest()} != expected {want}")
+
+
+def _left(ends: float, timeout: float, url: str) -> float:
+    """The seconds a network wait may take: `timeout`, or what is left before `ends`; _GiveUp once it has passed."""
+    left = ends - time.monotonic()
+    if left <= 0:
+        raise _GiveUp("not done within its deadline")
+    return min(timeout, left)
 
 
 def _content_length(response) -> int | None:

@@ -1,4 +1,9 @@
-"""Atomic file writes: a kill at any moment leaves either the old file or the new one, never half of one."""
+"""Atomic file writes: a kill at any moment leaves either the old file or the new one, never half of one.
+
+Every temporary file is created by `tempfile.mkstemp` (O_CREAT|O_EXCL, a random name, mode 0600) in the target's
+own folder: a symlink or file planted at a predictable name is never followed nor overwritten. A write that fails
+(a full disk) raises the OSError naming the target, and the target keeps what it held.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 
 @contextlib.contextmanager
@@ -26,10 +31,41 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        _reraise_named(e, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def temporary_beside(path: str | os.PathLike, *, suffix: str = "") -> Iterator[Path]:
+    """A new empty file of a random name (mkstemp) in `path`'s folder, ending in `suffix`, for a writer that takes a
+    file name (torch.export.save, ONNX, a NumPy memmap); removed on the way out unless it was moved. The caller
+    moves it over `path` with `os.replace` once it is complete."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{suffix}", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())
+        yield tmp
+    except OSError as e:
+        _reraise_named(e, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _reraise_named(e: OSError, path: Path) -> NoReturn:
+    """Raise `e`, or when it names no file (a write to an open file: a full disk), the same error naming `path`."""
+    if e.filename is not None or e.errno is None:
+        raise e
+    raise type(e)(e.errno, e.strerror or os.strerror(e.errno), str(path)) from e
 
 
 def _umask() -> int:

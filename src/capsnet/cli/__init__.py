@@ -1,7 +1,11 @@
 """The `capsnet` command line: one module per subcommand in this package, each registering its own parser.
 
-Every error capsnet raises on purpose (`CapsNetError`), a file that cannot be read or written (`OSError`, with its
-path) and running out of GPU memory end as one line on stderr and exit status 2; Ctrl-C ends with status 130.
+The error boundary (:func:`main`): every failure that comes from the input ends as one line on stderr and exit
+status 2 (:func:`input_error_line`): an error capsnet raises on purpose (`CapsNetError`), a file that cannot be read
+or written (`OSError`, with its path and the system's words: "Permission denied", "No space left on device"),
+running out of memory (host or GPU), text that does not decode, and an image past Pillow's decompression-bomb guard.
+Any other exception is a bug and keeps its traceback. With `CAPSNET_DEBUG=1` in the environment every error prints
+its whole traceback too. Ctrl-C ends with status 130.
 
 May import: anything in capsnet (it is the top layer); nothing in capsnet imports cli.
 """
@@ -10,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -106,21 +112,50 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return int(args.func(args) or 0)
-    except CapsNetError as e:
-        return _error(args.command, str(e))
-    except OSError as e:  # a path that cannot be read or written (missing, a file for a folder, no permission, ...)
-        return _error(args.command, os_error_line(e))
-    except torch.cuda.OutOfMemoryError:
-        return _error(args.command, "out of GPU memory; try a smaller --batch-size (or --eval-batch-size)")
     except KeyboardInterrupt:
         print(f"capsnet {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        line = input_error_line(e)
+        if line is None:  # a bug: its traceback
+            raise
+        if debugging():
+            traceback.print_exc()
+        return _error(args.command, line)
+
+
+DEBUG_ENV = "CAPSNET_DEBUG"
+
+
+def debugging() -> bool:
+    """Whether $CAPSNET_DEBUG asks for the whole traceback of every error (any value but "", "0")."""
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def input_error_line(e: BaseException) -> str | None:
+    """The one line that reports `e` when it comes from the input (see the module docstring); None for a bug."""
+    if isinstance(e, CapsNetError):
+        return str(e) or type(e).__name__
+    if isinstance(e, OSError):  # a path that cannot be read or written (missing, no permission, a full disk, ...)
+        return os_error_line(e)
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return "out of GPU memory; try a smaller --batch-size (or --eval-batch-size)"
+    if isinstance(e, MemoryError):
+        return "out of memory: the input needs more memory than this machine has (docs/security.md lists the limits)"
+    if isinstance(e, UnicodeError):  # text (a file's, a name's) that is not in the expected encoding
+        return f"text in the wrong encoding ({e})"
+    if type(e).__name__ == "DecompressionBombError" and type(e).__module__.startswith("PIL"):
+        return f"an image too large to decode ({e})"
+    return None
 
 
 def _error(command: str, message: str) -> int:
-    """One line on stderr (a message of several lines is joined into one) and exit status 2."""
+    """One line on stderr (a message of several lines is joined into one) and exit status 2. Characters the terminal
+    cannot show (a file name that is not valid UTF-8) are written as escapes."""
     line = " ".join(part.strip() for part in message.splitlines() if part.strip())
-    print(f"capsnet {command}: error: {line}", file=sys.stderr)
+    text = f"capsnet {command}: error: {line}\n"
+    encoding = getattr(sys.stderr, "encoding", None) or "utf-8"
+    sys.stderr.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace"))
     return 2
 
 

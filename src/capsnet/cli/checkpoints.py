@@ -13,7 +13,8 @@ from ..errors import ConfigError
 CHECKPOINT_HELP = "run folder (uses best/, else last/) or save_pretrained folder"
 PRETRAINED_HELP = (
     "weights shipped with capsnet, NAME:TAG (e.g. efficient-capsnet:mnist-sample; `capsnet models` lists "
-    "them), or a published save_pretrained folder, URL#sha256=SHA256_OF_MODEL_SAFETENSORS"
+    "them), or a published save_pretrained folder, URL#sha256=HEX "
+    "(HEX: sha256sum config.json model.safetensors | sha256sum)"
 )
 
 

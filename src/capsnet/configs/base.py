@@ -1,7 +1,7 @@
 """What the model configs share, torch-free: the routing names, the recorded-data fields every model config
 inherits, the shape arithmetic their checks use, and the registry of model configs by model name.
 
-May import: the foundation modules only (errors). Every layer may import it.
+May import: the foundation modules only (errors, limits). Every layer may import it.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError, DatasetError
+from ..limits import MAX_IMAGE_SIDE
 
 # `--routing` name -> (paper, one-line equation summary); the layers are built by capsnet.models.capsnet.
 ROUTINGS: dict[str, tuple[str, str]] = {
@@ -103,6 +104,8 @@ def parse_size(text: str | int | tuple[int, int] | list[int] | None) -> tuple[in
         size = tuple(parts) * (2 if len(parts) == 1 else 1)
     if len(size) != 2 or min(size) < 1:
         raise DatasetError(f"image size {text!r}: expected H or HxW with positive sides")
+    if max(size) > MAX_IMAGE_SIDE:
+        raise DatasetError(f"image size {text!r}: sides are limited to {MAX_IMAGE_SIDE} pixels (MAX_IMAGE_SIDE)")
     return size
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import zlib
 from pathlib import Path
@@ -11,11 +12,13 @@ import numpy as np
 import torch
 
 from ..errors import DatasetError
+from ..limits import MAX_ARRAY_ELEMENTS, MAX_CLASSES, MAX_EXPANSION
 from .split import Dataset, Split
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
-    """A file's bytes, gunzipped when its content is gzip (decided by the magic number, not the name)."""
+    """A file's bytes, gunzipped when its content is gzip (decided by the magic number, not the name); gzip data
+    that would expand past MAX_EXPANSION times its size (or MAX_ARRAY_ELEMENTS bytes) is refused as it streams."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -24,10 +27,14 @@ def read_bytes(path: str | os.PathLike) -> bytes:
     except OSError as e:
         raise DatasetError(f"{path}: cannot read ({e.strerror or e})") from None
     if raw[:2] == b"\x1f\x8b":
+        limit = min(MAX_ARRAY_ELEMENTS, MAX_EXPANSION * max(len(raw), 1 << 20))
         try:
-            raw = gzip.decompress(raw)
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
+                raw = f.read(limit + 1)
         except (OSError, EOFError, zlib.error) as e:
             raise DatasetError(f"{path}: corrupt or truncated gzip data ({e})") from None
+        if len(raw) > limit:
+            raise DatasetError(f"{path}: gzip data expands past {limit:,} bytes (MAX_EXPANSION, MAX_ARRAY_ELEMENTS)")
     return raw
 
 
@@ -87,7 +94,12 @@ def finish(
         a, b = ("×".join(map(str, s.images.shape[1:])) for s in (train, test))
         raise DatasetError(f"{where}: train images are {a} but test images are {b}")
     if n_classes is None:
-        n_classes = len(class_names) or 1 + max(int(s.labels.max()) for s in (train, test) if s is not None and len(s))
+        tops = [int(s.labels.max()) for s in (train, test) if s is not None and len(s)]
+        if not tops:
+            raise DatasetError(f"{where}: holds no images")
+        n_classes = len(class_names) or 1 + max(tops)
+    if n_classes > MAX_CLASSES:
+        raise DatasetError(f"{where}: labels reach {n_classes - 1:,}; at most {MAX_CLASSES:,} classes (MAX_CLASSES)")
     for split_name, split in (("train", train), ("test", test)):
         if split is not None:
             check_labels(split, n_classes, f"{where} ({split_name})")

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 import tarfile
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from ..errors import DatasetError, DownloadError
+from ..errors import ConfigError, DatasetError, DownloadError
 from ..fetch import cache_root as cache_root  # (capsnet's cache folder: data sets and pretrained weights)
 from ..fetch import fetch_url, file_digest, file_lock
 from ..fileio import atomic_open
@@ -171,7 +172,13 @@ def mirror_list(name: str, mirrors: list[str] | None = None) -> list[str]:
     """Base URLs to try for `name`: `mirrors`, else `$CAPSNET_MIRRORS` (comma-separated), else defaults."""
     if mirrors is None:
         env = os.environ.get("CAPSNET_MIRRORS", "")
-        mirrors = [m.strip() for m in env.split(",") if m.strip()] or list(DATASETS[name]["mirrors"])
+        mirrors = [m.strip() for m in env.split(",") if m.strip()]
+        for mirror in mirrors:
+            parts = urllib.parse.urlsplit(mirror)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ConfigError(f"CAPSNET_MIRRORS: {mirror!r} is not an http(s):// URL (give base URLs, "
+                                  "comma-separated)")  # fmt: skip
+        mirrors = mirrors or list(DATASETS[name]["mirrors"])
     return [m if m.endswith("/") else m + "/" for m in mirrors]
 
 

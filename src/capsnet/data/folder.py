@@ -18,7 +18,6 @@ first few paths; `strict=True` makes it an error. Pillow is the optional extra `
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -34,9 +33,11 @@ import torch
 
 from ..configs.base import parse_size as parse_size
 from ..errors import CapsNetError, DatasetError
-from ..fileio import atomic_open
+from ..fileio import atomic_open, temporary_beside
+from ..limits import MAX_ARRAY_ELEMENTS
 from .arrays import finish
 from .download import cache_root
+from .images import check_pixels
 from .split import Split
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -141,6 +142,7 @@ def _decode(path: Path, size: tuple[int, int], channels: int) -> np.ndarray | No
     Image = _pillow()
     try:
         with Image.open(path) as im:
+            check_pixels(path, im.size)  # (a decompression bomb is skipped as unreadable)
             im.load()
             img = im.convert("L" if channels == 1 else "RGB")
         if img.size != (size[1], size[0]):
@@ -173,6 +175,9 @@ def _decode_all(files, size, channels, workers, dest: Path | None) -> tuple[np.n
     """Decode every file into uint8 [N, C, H, W] (a .npy memmap at `dest` when given) and a readable mask. On an
     exception or Ctrl-C the files not yet started are cancelled, so it returns at once (the caller cleans up)."""
     shape = (len(files), channels, *size)
+    if np.prod(shape, dtype=np.float64) > MAX_ARRAY_ELEMENTS:
+        raise DatasetError(f"{len(files)} images of {channels}×{size[0]}×{size[1]} are more than the "
+                           f"{MAX_ARRAY_ELEMENTS:,} values one data set may hold (MAX_ARRAY_ELEMENTS)")  # fmt: skip
     out = np.lib.format.open_memmap(dest, mode="w+", dtype=np.uint8, shape=shape) if dest else np.empty(shape, np.uint8)
     ok = np.zeros(len(files), dtype=bool)
 
@@ -221,16 +226,16 @@ def _decode_cached(root, files, size, channels, workers, cache: Path) -> tuple[n
     size = size or collections.Counter(p[:2] for p in readable).most_common(1)[0][0]
     channels = channels or collections.Counter(p[2] for p in readable).most_common(1)[0][0]
     probed = np.array([p is not None for p in probes])
-    tmp = cache / f".images.{os.getpid()}.npy"
     try:
         cache.mkdir(parents=True, exist_ok=True)
         (cache / "meta.json").unlink(missing_ok=True)  # an entry that failed its check is incomplete until rewritten
-        images, ok = _decode_all(files, size, channels, workers, tmp)
-        if isinstance(images, np.memmap):  # (always, with a cache folder)
-            images.flush()
-        del images  # (the memmap's file is moved next)
-        ok &= probed
-        os.replace(tmp, cache / "images.npy")
+        with temporary_beside(cache / "images.npy", suffix=".npy") as tmp:  # removed on every way out
+            images, ok = _decode_all(files, size, channels, workers, tmp)
+            if isinstance(images, np.memmap):  # (always, with a cache folder)
+                images.flush()
+            del images  # (the memmap's file is moved next)
+            ok &= probed
+            os.replace(tmp, cache / "images.npy")
         with atomic_open(cache / "ok.npy", "wb") as f:
             np.save(f, ok)
         with atomic_open(cache / "meta.json", "w") as f:  # written last: its presence marks a complete entry
@@ -238,9 +243,6 @@ def _decode_cached(root, files, size, channels, workers, cache: Path) -> tuple[n
     except OSError:  # a read-only cache folder (or a full disk): decode into memory, uncached
         images, ok = _decode_all(files, size, channels, workers, None)
         return images, ok & probed, [channels, *size]
-    finally:  # every way out (an exception, Ctrl-C) leaves no temporary file behind
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
     hit = _read_cache(cache, len(files))
     if hit is None:
         raise DatasetError(f"{cache}: the decoded images written there cannot be read back")

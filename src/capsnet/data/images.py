@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CapsNetError, DatasetError
+from ..limits import MAX_IMAGE_PIXELS
 from .split import to_float
 
 
@@ -21,10 +22,19 @@ def _open_image(path: str | Path, channels: int):
         raise DatasetError(f"{path}: no such image file")
     try:
         with Image.open(path) as im:
+            check_pixels(path, im.size)  # (from the header, before decoding)
             im.load()
             return im.convert("L" if channels == 1 else "RGB")
-    except (UnidentifiedImageError, OSError) as e:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, SyntaxError) as e:
         raise DatasetError(f"{path}: not a readable image ({e})") from None
+
+
+def check_pixels(path: str | Path, size: tuple[int, int]) -> None:
+    """DatasetError if an image of `size` (W, H) has more pixels than MAX_IMAGE_PIXELS: decoding it could take
+    gigabytes (a decompression bomb: a small file declaring a huge image)."""
+    if size[0] * size[1] > MAX_IMAGE_PIXELS:
+        raise DatasetError(f"{path}: {size[0]}×{size[1]} pixels is more than the {MAX_IMAGE_PIXELS:,} an image may "
+                           "have (MAX_IMAGE_PIXELS)")  # fmt: skip
 
 
 def _to_tensor(img, height: int, width: int, channels: int) -> torch.Tensor:

@@ -6,6 +6,7 @@ Images are uint8 [N, H, W] or [N, H, W, C]; labels integers [N] (or [N, 1], as K
 
 from __future__ import annotations
 
+import math
 import os
 import zipfile
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
+from ..limits import array_too_large
 from .arrays import finish, make_split, to_nchw
 from .split import Dataset
 
@@ -28,9 +30,32 @@ def is_npz(path: Path) -> bool:
         return False
 
 
+def _check_declared_sizes(path: Path) -> None:
+    """DatasetError if an array of the archive declares more values than may be read (capsnet.limits), from the
+    .npy headers alone: a small compressed file may declare gigabytes."""
+    try:
+        size = path.stat().st_size
+        with zipfile.ZipFile(path) as archive:
+            for member in archive.infolist():
+                with archive.open(member) as f:
+                    version = np.lib.format.read_magic(f)
+                    read = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    shape, _, dtype = read(f)
+                why = array_too_large(math.prod(shape), dtype.itemsize, size)
+                if why:
+                    raise DatasetError(f"{path}: {member.filename}: {why}")
+    except (ValueError, zipfile.BadZipFile, EOFError, OSError):
+        return  # (not readable as .npy members: np.load below says why, in its words)
+
+
 def load_npz(path: str | os.PathLike, *, name: str | None = None, source: str | None = None) -> Dataset:
     path = Path(path)
     where = str(path)
+    _check_declared_sizes(path)
     try:
         with np.load(path, allow_pickle=False) as z:
             missing = [k for k in ("x_test", "y_test") if k not in z.files]

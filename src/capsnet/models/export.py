@@ -27,6 +27,7 @@ from torch import nn
 from .._version import __version__
 from ..config import to_dict
 from ..errors import ConfigError, ExportError
+from ..fileio import temporary_beside
 from ..routing.backend import use_backend
 from .inputs import image_hw
 
@@ -116,9 +117,7 @@ def export_model(
     program = export_program(model)
     names = list(OUTPUT_NAMES[: len(program.graph_signature.user_outputs)])
     info: dict[str, Any] = {"path": str(path), "format": FORMATS[path.suffix]}
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")  # (torch.export.save wants a .pt2 name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
+    with temporary_beside(path, suffix=path.suffix) as tmp:  # (torch.export.save wants a .pt2 name)
         if path.suffix == ".onnx":
             _write_onnx(model, program, tmp, opset=opset, names=names)
             info["opset"] = opset
@@ -135,8 +134,6 @@ def export_model(
                 raise ExportError(f"{path}: the exported outputs differ from the model's by {diff:.3g} (> {atol:g})")
             info["max_abs_diff"] = diff
         os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return info
 
 

@@ -9,26 +9,33 @@ at a URL (:func:`fetch_pretrained`).
 WEIGHTS_ROOT is the package's `models/weights/` folder; the environment variable CAPSNET_WEIGHTS_DIR names another
 root instead (tests, or a shared folder of weights). :func:`save_shipped` writes a folder with its card.
 
-A URL names a save_pretrained folder on a web server, with the SHA-256 of its weights in the fragment:
-`https://host/path/folder#sha256=<the 64 hex digits of sha256sum model.safetensors>`. Both files are downloaded
-with :func:`capsnet.fetch.fetch_url` (retries, Content-Length, atomic writes, a lock) into the cache,
-CACHE/pretrained/<sha256>/; the weights must have that SHA-256 (a URL without one is refused), and config.json is
-read strictly and must fit them (the weights load strictly into the model it describes). A cached folder whose
-weights still have the SHA-256 is used without asking the server again.
+A URL names a save_pretrained folder on a web server, pinned as a whole by the SHA-256 in its fragment,
+`https://host/path/folder#sha256=HEX`: HEX is :func:`folder_sha256`, the SHA-256 of the folder's manifest (the
+text `sha256sum config.json model.safetensors` prints), so `cd folder && sha256sum config.json model.safetensors |
+sha256sum` gives it. Both files are downloaded with :func:`capsnet.fetch.fetch_url` (retries, byte limits, a
+deadline, atomic writes, a lock) into a fresh folder of the cache, which becomes CACHE/pretrained/<HEX>/ only when
+the two files have that SHA-256: an altered config.json (or weights) is refused and nothing is kept. config.json is
+then read strictly and must fit the weights. A cached folder that still has the SHA-256 is used without asking the
+server again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
+import shutil
+import tempfile
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError, ConfigError
-from ..fetch import cache_root, fetch_url
+from ..errors import CheckpointError, ConfigError, DownloadError
+from ..fetch import cache_root, fetch_url, file_digest
 from ..fileio import atomic_write_json
+from ..limits import CONFIG_DOWNLOAD_DEADLINE_S, MAX_CONFIG_DOWNLOAD_BYTES
 
 WEIGHTS_ROOT = Path(__file__).with_name("weights")
 WEIGHTS_DIR_ENV = "CAPSNET_WEIGHTS_DIR"
@@ -87,29 +94,73 @@ def is_url(text: Any) -> bool:
     return isinstance(text, str) and text.lower().startswith(("https://", "http://"))
 
 
+FOLDER_FILES = ("config.json", "model.safetensors")  # what a URL's SHA-256 covers, in the manifest's order
+
+
+def folder_sha256(folder: str | os.PathLike) -> str:
+    """The SHA-256 that pins a save_pretrained folder in a URL: that of its manifest, one line `<sha256>  <name>` per
+    file of FOLDER_FILES (what `sha256sum config.json model.safetensors` prints)."""
+    manifest = "".join(f"{file_digest(Path(folder) / name, hashlib.sha256)}  {name}\n" for name in FOLDER_FILES)
+    return hashlib.sha256(manifest.encode()).hexdigest()
+
+
 def fetch_pretrained(url: str, *, cache_dir: str | os.PathLike | None = None) -> Path:
     """The save_pretrained folder published at `url` (`...#sha256=HEX`, see the module docstring), downloaded into
     capsnet's cache (:func:`capsnet.fetch.cache_root`) unless it is there already; returns the cached folder."""
     base, fragment = urllib.parse.urldefrag(url)
     sha256 = (urllib.parse.parse_qs(fragment).get("sha256") or [""])[0].lower()
     if not re.fullmatch(r"[0-9a-f]{64}", sha256):
-        raise ConfigError(f"{url}: give the SHA-256 of the folder's model.safetensors in the URL, as "
-                          "URL#sha256=<64 hex digits> (sha256sum model.safetensors); a URL without one is "
+        raise ConfigError(f"{url}: give the folder's SHA-256 in the URL, as URL#sha256=<64 hex digits> "
+                          "(sha256sum config.json model.safetensors | sha256sum); a URL without one is "
                           "refused")  # fmt: skip
     base = base.removesuffix("model.safetensors").removesuffix("config.json")
     base = base if base.endswith("/") else base + "/"
-    folder = cache_root(cache_dir) / "pretrained" / sha256
-    fetch_url(base + "model.safetensors", folder / "model.safetensors", sha256=sha256)
-    config = fetch_url(base + "config.json", folder / "config.json")  # (kept when cached: named by the weights)
+    root = cache_root(cache_dir) / "pretrained"
+    folder = root / sha256
+    if _pinned(folder, sha256):
+        return folder
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{sha256[:16]}.", suffix=".tmp", dir=root))
+    try:
+        fetch_url(base + "config.json", staging / "config.json", max_bytes=MAX_CONFIG_DOWNLOAD_BYTES,
+                  deadline=CONFIG_DOWNLOAD_DEADLINE_S)  # fmt: skip
+        _check_config(staging / "config.json", base)
+        fetch_url(base + "model.safetensors", staging / "model.safetensors")
+        got = folder_sha256(staging)
+        if got != sha256:
+            if file_digest(staging / "model.safetensors", hashlib.sha256) == sha256:
+                why = (
+                    "the URL gives the SHA-256 of model.safetensors alone; a URL pins the whole folder: compute it "
+                    "from the folder you published (sha256sum config.json model.safetensors | sha256sum)"
+                )
+            else:
+                why = f"the files served have SHA-256 {got}, not the URL's (config.json or the weights differ)"
+            raise DownloadError(f"{base}: {why}; nothing was kept", url=url, permanent=True)
+        if folder.exists():  # (a copy that lost its SHA-256: replaced)
+            shutil.rmtree(folder)
+        with contextlib.suppress(OSError):  # (another process may have put the same folder there meanwhile)
+            os.replace(staging, folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if not _pinned(folder, sha256):
+        raise DownloadError(f"{folder}: the downloaded folder cannot be moved into the cache", url=url)
+    return folder
+
+
+def _pinned(folder: Path, sha256: str) -> bool:
+    """Whether `folder` holds both files of FOLDER_FILES, with the SHA-256 `sha256`."""
+    return all((folder / name).is_file() for name in FOLDER_FILES) and folder_sha256(folder) == sha256
+
+
+def _check_config(config: Path, base: str) -> None:
+    """CheckpointError unless `config` reads as a save_pretrained config.json (before the weights are fetched)."""
     try:
         meta = json.loads(config.read_text(encoding="utf-8"))
         fine = isinstance(meta, dict) and isinstance(meta.get("config"), dict) and "model_type" in meta
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         fine = False
     if not fine:
-        config.unlink()  # (not kept: the next try downloads it again)
         raise CheckpointError(f"{base}config.json: not the config.json of a save_pretrained folder")
-    return folder
 
 
 def resolve_pretrained(name: str, pretrained: str | os.PathLike) -> Path:
@@ -187,9 +238,11 @@ def save_shipped(
 
 __all__ = [
     "CARD_FIELDS",
+    "FOLDER_FILES",
     "WEIGHTS_DIR_ENV",
     "WEIGHTS_ROOT",
     "fetch_pretrained",
+    "folder_sha256",
     "is_url",
     "read_card",
     "resolve_pretrained",

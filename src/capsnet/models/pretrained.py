@@ -19,9 +19,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from .._version import __version__
-from ..config import from_dict, to_dict
+from ..config import from_dict, parse_json, read_text_file, to_dict
 from ..errors import CheckpointError, ConfigError
 from ..fileio import atomic_write_bytes, atomic_write_json
+from ..limits import MAX_PARAMETERS
 from .inputs import DATA_FIELDS
 
 CONFIG_NAME = "config.json"
@@ -101,9 +102,11 @@ class Pretrained(_ModuleBase):
         config: Any = from_dict(target.config_class, saved, what=f"{directory}/{CONFIG_NAME}")
         if overrides:
             config = _override(target, config, overrides)
+        check_model_size(target, config, f"{directory}/{CONFIG_NAME}")
         model = target(config=config)
         path = directory / WEIGHTS_NAME
-        problems = _load_problems(model, _read_weights(path))
+        state = _read_weights(path)
+        problems = _dtype_problem(model, state) or _load_problems(model, state)
         if problems and overrides:
             given = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
             raise ConfigError(f"{given} changes the architecture of the weights in {directory} ({problems})")
@@ -128,6 +131,19 @@ def _folder(directory: str | os.PathLike) -> Path:
     if isinstance(directory, str) and is_ref(directory):
         return resolve_ref(directory)
     return Path(directory)
+
+
+def check_model_size(target: type, config: Any, where: str) -> None:
+    """ConfigError if the model `config` describes has more than MAX_PARAMETERS parameters; counted on PyTorch's
+    meta device (shapes, no memory), before the model is built for real."""
+    try:
+        with torch.device("meta"):
+            count = sum(p.numel() for p in target(config=config).parameters())
+    except (ValueError, TypeError, RuntimeError, ConfigError) as e:
+        raise ConfigError(f"{where}: does not describe a {target.__name__} ({e})") from None
+    if count > MAX_PARAMETERS:
+        raise ConfigError(f"{where}: describes a model of {count:,} parameters, more than the limit of "
+                          f"{MAX_PARAMETERS:,} (MAX_PARAMETERS)")  # fmt: skip
 
 
 def _registered(model_type: str, directory: Path) -> type[Pretrained]:
@@ -181,25 +197,50 @@ def _read_config(directory: Path) -> tuple[str, dict[str, Any]]:
     if not path.is_file():
         raise CheckpointError(f"{directory}: no {CONFIG_NAME} (not a save_pretrained folder)")
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+        meta = parse_json(read_text_file(path, what=CONFIG_NAME), path)
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
     if isinstance(meta, dict) and "module" in meta and "model_type" not in meta:
         raise CheckpointError(f"{path}: the weights of a module of one's own ({meta['module']}), not a capsnet model; "
                               "load them with model.load_state_dict(safetensors.torch.load_file(...))")  # fmt: skip
     if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict) or "model_type" not in meta:
         hint = "; a training run folder? give its best/ or last/" if isinstance(meta, dict) and "train" in meta else ""
         raise CheckpointError(f"{path}: expected keys 'model_type' and 'config'{hint}")
+    if not isinstance(meta["model_type"], str):
+        raise CheckpointError(f"{path}: model_type must be a string, got {type(meta['model_type']).__name__}")
     return meta["model_type"], meta["config"]
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing")
+    """The tensors of a model.safetensors: floating point and finite (weights cast to integers or holding NaN
+    would load and predict nonsense), else a CheckpointError. A file that cannot be opened is its OSError."""
     try:
-        return load_file(str(path))  # safetensors: raw tensors and a JSON header, never pickle
-    except (SafetensorError, OSError, ValueError) as e:
+        os.stat(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    if not path.is_file():
+        raise CheckpointError(f"{path}: not a file")
+    with open(path, "rb"):  # (no permission: the OSError naming the path, not "missing")
+        pass
+    try:
+        state = load_file(str(path))  # safetensors: raw tensors and a JSON header, never pickle
+    except (SafetensorError, ValueError) as e:
         raise CheckpointError(f"{path}: not a valid safetensors file ({e})") from None
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"{path}: {name} holds NaN or infinite values")
+    return state
+
+
+def _dtype_problem(model: Any, state: dict[str, torch.Tensor]) -> str | None:
+    """The first tensor of `state` whose kind (floating point or integer) is not that of the model's entry: weights
+    cast to int8 would load (load_state_dict casts) and compute nonsense."""
+    own = torch.nn.Module.state_dict(model)
+    for name, tensor in state.items():
+        if name in own and tensor.is_floating_point() != own[name].is_floating_point():
+            got, want = (str(t.dtype).removeprefix("torch.") for t in (tensor, own[name]))
+            return f"{name} holds {got}, the model's is {want}"
+    return None
 
 
 __all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "ConfigError", "Pretrained", "StateDictError", "load_pretrained"]

@@ -27,7 +27,6 @@ import io
 import json
 import math
 import os
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +58,31 @@ def load_state(run_dir: Path, map_location: str | torch.device = "cpu") -> dict[
     path = Path(run_dir) / STATE_NAME
     if not path.is_file():
         raise CheckpointError(f"{run_dir}: no {STATE_NAME} to resume from")
+    with open(path, "rb"):  # (no permission: the OSError naming the path)
+        pass
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError) as e:
+    except MemoryError:
+        raise
+    except Exception as e:  # the weights-only unpickler on foreign bytes raises many types (IndexError, ...)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path}: cannot be loaded ({first})") from None
+        raise CheckpointError(f"{path}: cannot be loaded ({type(e).__name__}: {first})") from None
     if not isinstance(state, dict) or "model" not in state or "epoch" not in state:
         raise CheckpointError(f"{path}: not a capsnet training state")
+    for key, kind in STATE_TYPES.items():
+        if (key in state and not isinstance(state[key], kind)) or isinstance(state.get(key), bool):
+            raise CheckpointError(f"{path}: not a capsnet training state ({key} is a {type(state[key]).__name__})")
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state["model"].items()):
+        raise CheckpointError(f"{path}: not a capsnet training state (model is not a state dict of tensors)")
     return state
+
+
+# The entries of a state.pt that are read on resuming, and their types (a state.pt of other fields is refused).
+STATE_TYPES: dict[str, type | tuple[type, ...]] = {
+    "model": dict, "model_type": str, "model_config": (dict, type(None)), "optimizer": dict, "scheduler": dict,
+    "epoch": int, "batch_in_epoch": int, "step": int, "best": (dict, type(None)), "history": list,
+    "running": list, "rng": dict,
+}  # fmt: skip
 
 
 def get_rng_states(device: torch.device, augment_rng: torch.Generator, dist) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import pickle
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -36,9 +35,13 @@ def load_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: {'not a file' if path.exists() else 'no such file'}")
+    with open(path, "rb"):  # (no permission: the OSError naming the path)
+        pass
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
+    except MemoryError:
+        raise
+    except Exception as e:  # the weights-only unpickler on foreign bytes raises many types (IndexError, ...)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path}: not a PyTorch checkpoint that loads with weights_only=True ({first})") from None
     if isinstance(obj, Mapping):

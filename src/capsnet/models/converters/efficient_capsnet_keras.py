@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ...errors import CapsNetError, CheckpointError
+from ...limits import array_too_large
 from ..efficient_capsnet import EfficientCapsNet, EfficientCapsNetConfig
 
 VARIANTS = ("mnist", "smallnorb", "multimnist")
@@ -101,7 +102,7 @@ def read_groups(path: Path) -> tuple[tuple[str, list[Layer]], tuple[str, list[La
             if "layer_names" not in root.attrs:
                 raise CheckpointError(f"{path}: HDF5, but not Keras weights (no 'layer_names' attribute)")
             groups = [(_text(name), _layers(path, root[_text(name)])) for name in root.attrs["layer_names"]]
-    except (OSError, KeyError) as e:
+    except (OSError, KeyError, ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: cannot read the Keras weights ({e})") from None
     groups = [(name, layers) for name, layers in groups if layers]
     caps = [g for g in groups if any("W" in tensors for _, tensors in g[1])]
@@ -125,6 +126,10 @@ def _layers(path: Path, group: Any) -> list[Layer]:
         layer, _, weight = full.rpartition("/")
         if full not in group:
             raise CheckpointError(f"{path}: {group.name.strip('/')}/{full} is listed but not stored")
+        data = group[full]
+        why = array_too_large(int(getattr(data, "size", 0) or 0), 4, path.stat().st_size)
+        if why:  # (checked on the declared shape, before reading: a tiny file may declare terabytes)
+            raise CheckpointError(f"{path}: {group.name.strip('/')}/{full}: {why}")
         layers.setdefault(layer, {})[weight.removesuffix(":0")] = np.asarray(group[full], dtype=np.float32)
     return list(layers.items())
 
