@@ -108,8 +108,6 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
-    import torch  # (after parsing: building the parser and --help never import torch)
-
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -138,7 +136,8 @@ def input_error_line(e: BaseException) -> str | None:
         return str(e) or type(e).__name__
     if isinstance(e, OSError):  # a path that cannot be read or written (missing, no permission, a full disk, ...)
         return os_error_line(e)
-    if isinstance(e, torch.cuda.OutOfMemoryError):
+    torch = sys.modules.get("torch")  # (an out-of-memory error from torch means torch is loaded)
+    if torch is not None and isinstance(e, torch.cuda.OutOfMemoryError):
         return "out of GPU memory; try a smaller --batch-size (or --eval-batch-size)"
     if isinstance(e, MemoryError):
         return "out of memory: the input needs more memory than this machine has (docs/security.md lists the limits)"
