@@ -27,6 +27,7 @@ from ..data import folder
 from ..errors import ConfigError
 from ..models.registry import MODELS
 from ..training.loop import DATA_FIELDS, TrainConfig, train
+from ..training.progress import describe_selection
 from ..training.record import read_record, resumed_configs
 
 
@@ -153,9 +154,9 @@ def run(args: argparse.Namespace) -> int:
     if result.interrupted:
         return 128 + result.signal if result.signal else 130
     if result.is_main:
-        chosen = result.best.get("metric", "").replace("val_acc", "validation").replace("test_acc", "test")
+        chosen = describe_selection(result.test or {"selected_on": result.best.get("metric")})
         print(
-            f"done: best/ is epoch {result.best.get('epoch')} (chosen on {chosen} accuracy), test accuracy "
+            f"done: best/ is epoch {result.best.get('epoch')} (chosen on {chosen}), test accuracy "
             f"{result.best_test_acc:.4f}; outputs in {result.run_dir}/ (best/, last/, test.json, summary.csv, "
             "config.json)"
         )
