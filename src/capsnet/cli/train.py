@@ -147,6 +147,7 @@ def _reject(what: str, model: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..training.loop import train
+    from ..training.progress import describe_selection
     from ..training.record import read_record
 
     run_dir = Path(args.out if args.out is not None else field_default(TrainConfig.__dataclass_fields__["out"]))
@@ -162,9 +163,9 @@ def run(args: argparse.Namespace) -> int:
     if result.interrupted:
         return 128 + result.signal if result.signal else 130
     if result.is_main:
-        chosen = result.best.get("metric", "").replace("val_acc", "validation").replace("test_acc", "test")
+        chosen = describe_selection(result.test or {"selected_on": result.best.get("metric")})
         print(
-            f"done: best/ is epoch {result.best.get('epoch')} (chosen on {chosen} accuracy), test accuracy "
+            f"done: best/ is epoch {result.best.get('epoch')} (chosen on {chosen}), test accuracy "
             f"{result.best_test_acc:.4f}; outputs in {result.run_dir}/ (best/, last/, test.json, summary.csv, "
             "config.json)"
         )

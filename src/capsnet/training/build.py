@@ -25,8 +25,10 @@ from ..models.registry import MODELS
 from . import distributed as dist_utils
 from .checkpoint import STATE_NAME, load_state
 from .config import FitConfig, TrainConfig
+from .ema import WeightAverage
 from .hardware import default_batch_size, precision_note
 from .memory import check_memory
+from .monitor import DEFAULT_MONITOR, LEGACY_MONITOR
 from .record import check_recorded, fill_unset, recorded_model_name
 from .state import check_validation, resumed_validation
 from .tasks import ClassificationTask, Task
@@ -49,6 +51,7 @@ class Run:
     dir: Path
     state_dict: dict | None = None  # the state.pt being resumed from (on the CPU; dropped once restored)
     step_graph: Any = None  # --cuda-graphs: the captured step (capsnet.training.graphs.StepGraph), or why not
+    ema: WeightAverage | None = None  # --ema: the moving average of the model's weights
 
 
 def make_adam(
@@ -78,6 +81,8 @@ def open_run(config, device: torch.device, dist, *, flag: str = "--resume", batc
     saved = load_state(run_dir) if config.resume else None  # on the CPU: restore() copies what it needs
     if saved is not None:
         config = fill_unset(config, run_dir)  # e.g. the batch size the run was made with, not the device default
+    if config.monitor is None:  # a resumed run without a record of its own chose best/ as runs before monitors did
+        config = dataclasses.replace(config, monitor=DEFAULT_MONITOR if saved is None else LEGACY_MONITOR)
     if config.batch_size is None:  # the model's recipe, else the device's default (capsnet.training.hardware)
         name = getattr(config, "model", None)  # (a FitConfig names no registry model)
         recipe = getattr(MODELS[name], "default_batch_size", None) if isinstance(name, str) and name in MODELS else None
@@ -178,6 +183,7 @@ def assemble(
     trained = task.wrap(model)  # the module whose forward the loop runs (the model itself by default)
     if saved is None:  # (a resumed run's weights have it already)
         init_from_data(model, task, config, device, dist)
+    ema = WeightAverage(model, decay=config.ema) if config.ema is not None else None  # (from the initialised weights)
     if dist.enabled:
         ids = [device] if device.type == "cuda" else None
         _match_grad_strides(model)
@@ -185,7 +191,7 @@ def assemble(
     if config.compile:
         trained = cast(torch.nn.Module, torch.compile(trained))
     return Run(config, model_config, device, dist, task, model, trained, optimizer, scheduler, augment_rng,
-               Path(config.out), saved)  # fmt: skip
+               Path(config.out), saved, ema=ema)  # fmt: skip
 
 
 def init_from_data(model: nn.Module, task: Task, config, device: torch.device, dist) -> None:

@@ -45,6 +45,7 @@ SUMMARY_NAME = "summary.csv"
 TEST_NAME = "test.json"
 COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr",
            "images_per_s", "seconds"]  # fmt: skip
+EMA_COLUMNS = ["ema_val_loss", "ema_val_acc", "ema_test_loss", "ema_test_acc"]  # --ema: its average's scores
 # A row's val_* cells are blank without a validation split; its test_* cells are blank with one (the test split
 # is then scored only at the end, into test.json).
 
@@ -113,10 +114,12 @@ def set_rng_states(states: dict[str, Any], device: torch.device, augment_rng: to
 def write_summary(run_dir: Path, history: list[dict[str, float]]) -> None:
     """Rewrite summary.csv from the whole history (so a resumed run never duplicates a row)."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    averaged = [k for k in EMA_COLUMNS if any(k in row for row in history)]  # (columns of --ema runs only)
+    columns = COLUMNS[:-3] + averaged + COLUMNS[-3:]
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for row in history:
-        writer.writerow({k: _fmt(row.get(k, math.nan)) for k in COLUMNS})
+        writer.writerow({k: _fmt(row.get(k, math.nan)) for k in columns})
     with atomic_open(run_dir / SUMMARY_NAME, "w") as f:
         f.write(buf.getvalue())
 
@@ -143,15 +146,17 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:.6g}"
 
 
-def restore_views(run_dir: Path, state: dict[str, Any], model: torch.nn.Module, *, is_main: bool = True) -> None:
+def restore_views(run_dir: Path, state: dict[str, Any], model: torch.nn.Module, *, is_main: bool = True,
+                  best_model: torch.nn.Module | None = None) -> None:  # fmt: skip
     """Rewrite the views of `state` (a state.pt just loaded into `model`): last/ from its weights, best/ too when
-    that save made the best, summary.csv from its history."""
+    that save made the best (from `best_model`: the moving average when best/ holds it), summary.csv from its
+    history."""
     if not is_main:
         return
     save_model(model, run_dir / "last", metadata=view_metadata(state, "last"))
     best = state.get("best") or {}
     if best.get("step") == state["step"] and best.get("epoch") == state["epoch"]:
-        save_model(model, run_dir / "best", metadata=view_metadata(state, "best"))
+        save_model(best_model or model, run_dir / "best", metadata=view_metadata(state, "best"))
     write_summary(run_dir, list(state["history"]))
 
 
@@ -214,6 +219,7 @@ def view_metadata(state: dict[str, Any], view: str) -> dict[str, Any]:
     meta: dict[str, Any] = {"view": view, "epoch": state["epoch"], "step": state["step"]}
     if view == "best" and state.get("best"):
         meta.update(selected_on=state["best"]["metric"], value=state["best"]["value"])
+        meta.update({k: state["best"][k] for k in ("monitor", "weights") if k in state["best"]})
     return meta
 
 

@@ -24,6 +24,7 @@ from .checkpoint import checkpoint_info, resolve_checkpoint
 from .config import upgrade_train_dict
 from .ensemble import Ensemble
 from .hardware import resolve_device
+from .monitor import SELECTED_ON
 
 
 def _input_config(model: torch.nn.Module) -> Any:
@@ -156,12 +157,11 @@ def describe_scored(entry: dict[str, Any]) -> str:
     if "epoch" in entry:
         text += f" (epoch {entry['epoch']}"
         if entry.get("view") == "best":
-            on = {"val_acc": "validation", "test_acc": "test"}.get(entry.get("selected_on", ""), "?")
-            if entry.get("selected_on") == "train_loss":
-                text += f", chosen on the training loss {entry.get('value', float('nan')):.4f}"
-            else:
-                text += f", chosen on {on} accuracy {entry.get('value', float('nan')):.4f}"
-            if on == "test":
+            selected = str(entry.get("selected_on", ""))
+            text += f", chosen on {SELECTED_ON.get(selected, '?')} {entry.get('value', float('nan')):.4f}"
+            if entry.get("weights") == "ema":
+                text += ", the moving average's weights"
+            if selected.startswith("test_"):
                 text += ": its test figure is a maximum over epochs"
         elif entry.get("view") == "last":
             text += ", the run's last checkpoint"

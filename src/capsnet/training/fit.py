@@ -58,6 +58,8 @@ def fit(
     lr_decay: float | None = None,
     lr_end: float = 0.25,
     seed: int = 0,
+    monitor: str | None = None,
+    ema: float | None = None,
     workers: int = 0,
     device: str = "auto",
     precision: Literal["fp32", "bf16"] = "fp32",
@@ -76,8 +78,10 @@ def fit(
     `test_data` is scored once, at the end, on best/ and last/ (test.json). `batch_size` (per process; default 16
     on CPU, 128 on CUDA) and `workers` (DataLoader processes) apply to a Dataset; an iterable batches for itself.
     `lr` defaults to the model's (1e-3 for a module of one's own); the learning rate decays each epoch by `lr_decay`,
-    or else down to lr × lr_end in the last epoch. `on_step(step)` returning True stops with a checkpoint, as
-    SIGINT and SIGTERM do.
+    or else down to lr × lr_end in the last epoch. `monitor` chooses best/ (capsnet.training.monitor: "val_loss",
+    the default, "val_accuracy", or "val_accuracy,val_loss"); `ema` (a decay, e.g. 0.999) keeps a moving average of
+    the weights, scored beside them each epoch, and best/ may hold it (capsnet.training.ema). `on_step(step)`
+    returning True stops with a checkpoint, as SIGINT and SIGTERM do.
 
     `resume=True` continues the run in `out`: from the batch where it stopped for a Dataset, or from the start of the
     first unfinished epoch for an iterable. The model and data are given again; the settings must be the run's
@@ -93,7 +97,8 @@ def fit(
         epochs=epochs, out=str(out), model=model_name(model), batch_size=batch_size, eval_batch_size=eval_batch_size,
         lr=lr if lr is not None or resume else getattr(cls, "default_lr", 1e-3),  # (resuming, unset: the run's)
         lr_decay=lr_decay if lr_decay is not None or resume else getattr(cls, "default_lr_decay", None),
-        lr_end=lr_end, val_fraction=val_fraction, val_seed=val_seed, seed=seed, workers=workers, device=device,
+        lr_end=lr_end, val_fraction=val_fraction, val_seed=val_seed, monitor=monitor, ema=ema, seed=seed,
+        workers=workers, device=device,
         precision=precision, compile=compile, channels_last=channels_last, progress=progress,
         tensorboard=tensorboard, resume=resume,
     )  # fmt: skip

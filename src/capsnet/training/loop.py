@@ -33,6 +33,7 @@ from .build import Run, build, make_adam
 from .checkpoint import TEST_NAME, load_weights, remove_strays
 from .config import DATA_FIELDS, FitConfig, TrainConfig, TrainResult
 from .hardware import rank_device, resolve_device
+from .monitor import Monitor, best_scores
 from .profiling import phase
 from .progress import _Logger, _StopFlag
 from .record import resumed_configs
@@ -169,6 +170,8 @@ def train_epoch(run: Run, state: RunState, log: _Logger, signals: _StopFlag, on_
     stopped = False
     for loss, n_correct, n in steps:
         state.sums.add(loss, n_correct, n)
+        if run.ema is not None:
+            run.ema.update(run.model)
         state.step, state.batch_in_epoch = state.step + 1, state.batch_in_epoch + 1
         state.sums.seconds = seconds0 + time.perf_counter() - t0
         log.step(bar, state.step, loss, state.sums)
@@ -188,8 +191,9 @@ def train_epoch(run: Run, state: RunState, log: _Logger, signals: _StopFlag, on_
 
 def evaluate_epoch(run: Run, state: RunState) -> dict[str, float]:
     """Close the epoch: reduce the training sums over ranks, step the schedule, score the validation split (the
-    test split when there is none, nothing when there is neither) and mark a new best (saved as best/ by the
-    checkpoint that follows): the highest accuracy on the split scored, or without one the lowest training loss."""
+    test split when there is none, nothing when there is neither), with --ema its moving average too, and mark a
+    new best (saved as best/ by the checkpoint that follows): by the run's monitor on the split scored
+    (capsnet.training.monitor), or without one the lowest training loss."""
     sums = torch.tensor(state.sums.to_list(), dtype=torch.float64, device=run.device)
     loss_sum, correct, count, seconds = dist_utils.all_sum_tensor(sums, run.dist).tolist()
     seconds /= run.dist.world_size
@@ -197,17 +201,28 @@ def evaluate_epoch(run: Run, state: RunState) -> dict[str, float]:
     run.scheduler.step()
     split = "val" if run.task.has_val else "test" if run.task.has_test else None
     row = {"epoch": state.epoch + 1, "train_loss": loss_sum / max(count, 1), "train_acc": correct / max(count, 1)}
+    candidates: list[tuple[str, dict[str, float]]] = [("raw", {"loss": row["train_loss"]})]
     if split is not None:
-        scores = run.task.evaluate(
-            run.model, split=split, batch_size=run.config.eval_batch_size, device=run.device, dist=run.dist
-        )
-        row.update({f"{split}_loss": scores["loss"], f"{split}_acc": scores["accuracy"]})
+        models = [("raw", run.model)] + ([("ema", run.ema.model)] if run.ema is not None else [])
+        candidates = []
+        for weights, model in models:
+            scores = run.task.evaluate(
+                model, split=split, batch_size=run.config.eval_batch_size, device=run.device, dist=run.dist
+            )
+            prefix = "" if weights == "raw" else "ema_"
+            row.update({f"{prefix}{split}_loss": scores["loss"], f"{prefix}{split}_acc": scores["accuracy"]})
+            candidates.append((weights, {"accuracy": scores["accuracy"], "loss": scores["loss"]}))
     row.update({"lr": lr, "images_per_s": count / max(seconds, 1e-9), "seconds": seconds})
     state.history.append(row)
-    metric = f"{split}_acc" if split is not None else "train_loss"  # (no held-out data at all: the training loss)
-    best = state.best.get("value")
-    if best is None or (row[metric] < best if metric == "train_loss" else row[metric] > best):
-        state.best = {"epoch": state.epoch + 1, "step": state.step, "metric": metric, "value": row[metric]}
+    spec = run.config.monitor if split is not None else "val_loss"  # (no held-out data: the training loss)
+    assert spec is not None  # resolved by open_run()
+    monitor = Monitor.parse(spec)
+    for weights, scores in candidates:  # (the raw weights first: an exact tie keeps them)
+        if monitor.better(scores, best_scores(state.best)):
+            metric = monitor.metric(split) if split is not None else "train_loss"
+            value = scores[monitor.keys[0]]
+            state.best = {"epoch": state.epoch + 1, "step": state.step, "metric": metric, "value": value,
+                          "monitor": spec, "scores": scores, "weights": weights}  # fmt: skip
     return row
 
 
@@ -218,17 +233,19 @@ def final_test(run: Run, state: RunState) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"split": "test", "batch_size": run.config.eval_batch_size, "device": run.device,
                               "dist": run.dist}  # fmt: skip
     last = run.task.evaluate(run.model, **kwargs)
-    report: dict[str, Any] = {"selected_on": state.best.get("metric"), "epochs": state.epoch}
+    report: dict[str, Any] = {"selected_on": state.best.get("metric"), "monitor": run.config.monitor,
+                              "epochs": state.epoch}  # fmt: skip
     best_weights = run.dir / "best" / WEIGHTS_NAME
     if best_weights.is_file():
         best_model = copy.deepcopy(run.model)
         load_weights(best_model, best_weights, device=run.device)
         best = run.task.evaluate(best_model, **kwargs)
         del best_model
-        report["best"] = {"epoch": state.best.get("epoch"), state.best.get("metric", "value"): state.best.get("value"),
+        report["best"] = {"epoch": state.best.get("epoch"), "weights": state.best.get("weights", "raw"),
+                          **_selection_scores(state), state.best.get("metric", "value"): state.best.get("value"),
                           **_scores(best)}  # fmt: skip
     report["last"] = {"epoch": state.epoch, **_scores(last)}
-    if report["selected_on"] == "test_acc":
+    if str(report["selected_on"]).startswith("test_"):
         report["note"] = "best/ was chosen on the test set: its test accuracy is a maximum over epochs"
     elif report["selected_on"] == "train_loss":
         report["note"] = "best/ was chosen on the training loss (no validation data)"
@@ -239,3 +256,14 @@ def final_test(run: Run, state: RunState) -> dict[str, Any]:
 
 def _scores(metrics: dict[str, Any]) -> dict[str, Any]:
     return {"accuracy": metrics["accuracy"], "loss": metrics["loss"], "n": metrics.get("n")}
+
+
+def _selection_scores(state: RunState) -> dict[str, float]:
+    """The held-out figures (val_acc, val_loss; test_* without a validation split) of the weights best/ holds, from
+    the history row of its epoch."""
+    epoch, prefix = state.best.get("epoch"), "ema_" if state.best.get("weights") == "ema" else ""
+    rows = [r for r in state.history if r.get("epoch") == epoch]
+    if not rows:
+        return {}
+    names = [f"{split}_{quantity}" for split in ("val", "test") for quantity in ("acc", "loss")]
+    return {name: rows[0][prefix + name] for name in names if prefix + name in rows[0]}

@@ -16,6 +16,7 @@ from ..config import to_dict
 from ..fileio import atomic_write_json
 from .checkpoint import write_summary
 from .config import FitConfig, TrainConfig
+from .monitor import SELECTED_ON
 
 if TYPE_CHECKING:  # annotations only: the loop imports this module
     from .build import Run
@@ -23,7 +24,15 @@ if TYPE_CHECKING:  # annotations only: the loop imports this module
 
 PROGRESS_EVERY_S = 0.5  # the progress bar reads the device's running sums at most this often
 # What best/ was chosen on, in words, by the metric name a run records.
-SELECTED_ON = {"val_acc": "validation accuracy", "test_acc": "test accuracy", "train_loss": "the training loss"}
+
+
+def describe_selection(report: dict) -> str:
+    """How best/ was chosen, in words: "validation loss (monitor val_loss; the moving average's weights)"."""
+    chosen = SELECTED_ON.get(report.get("selected_on") or "", "?")
+    monitor, weights = report.get("monitor"), (report.get("best") or {}).get("weights")
+    extra = [f"monitor {monitor}"] if monitor and "," in monitor else []
+    extra += ["the moving average's weights"] if weights == "ema" else []
+    return f"{chosen} ({'; '.join(extra)})" if extra else chosen
 
 
 class _StopFlag:
@@ -141,7 +150,9 @@ class _Logger:
         if not self.enabled:
             return
         split = "val" if "val_acc" in row else "test" if "test_acc" in row else None
-        scored = f"  {split} acc {row[f'{split}_acc']:.4f}" if split else ""
+        scored = f"  {split} loss {row[f'{split}_loss']:.4f} acc {row[f'{split}_acc']:.4f}" if split else ""
+        if split and f"ema_{split}_acc" in row:  # --ema: its moving average's figures
+            scored += f"  (ema loss {row[f'ema_{split}_loss']:.4f} acc {row[f'ema_{split}_acc']:.4f})"
         print(
             f"epoch {int(row['epoch'])}/{self.config.epochs}  train loss {row['train_loss']:.4f}  "
             f"train acc {row['train_acc']:.4f}{scored}  lr {row['lr']:.2e}  "
@@ -149,7 +160,8 @@ class _Logger:
             flush=True,
         )
         if self.writer is not None:
-            held = (f"{split}_loss", f"{split}_acc") if split else ()
+            held = tuple(k for k in (f"{split}_loss", f"{split}_acc", f"ema_{split}_loss", f"ema_{split}_acc")
+                         if k in row) if split else ()  # fmt: skip
             for key in ("train_loss", "train_acc", *held, "lr", "images_per_s"):
                 self.writer.add_scalar(f"epoch/{key}", row[key], int(row["epoch"]))
             self.writer.flush()
@@ -160,8 +172,7 @@ class _Logger:
             return
         parts = [f"{name}/ (epoch {report[name]['epoch']}) {report[name]['accuracy']:.4f}"
                  for name in ("best", "last") if name in report]  # fmt: skip
-        chosen = SELECTED_ON.get(report.get("selected_on") or "", "?")
-        print(f"test accuracy: {', '.join(parts)}; best/ chosen on {chosen}", flush=True)
+        print(f"test accuracy: {', '.join(parts)}; best/ chosen on {describe_selection(report)}", flush=True)
         if self.writer is not None:
             for name in ("best", "last"):
                 if name in report:

@@ -25,7 +25,7 @@ from typing import Any
 from ..config import from_dict, to_dict
 from ..errors import CheckpointError, ConfigError
 from ..models.registry import MODELS
-from .config import FitConfig, TrainConfig, upgrade_train_dict
+from .config import FitConfig, TrainConfig, upgrade_monitor, upgrade_train_dict
 
 # What a resumed run may change. lr_decay and lr_end reshape the schedule from the resumed epoch on, as epochs does.
 MAY_CHANGE = ("epochs", "lr_decay", "lr_end", "eval_batch_size", "device", "precision", "channels_last", "compile",
@@ -55,6 +55,7 @@ def recorded_settings(meta: dict[str, Any], config_class: type) -> dict[str, Any
     names = {f.name for f in dataclasses.fields(config_class)}
     train = dict(meta["train"])
     train = upgrade_train_dict(train) if config_class is TrainConfig else train
+    train = upgrade_monitor(train)  # (best/ as such a run chose it)
     return {k: v for k, v in train.items() if k in names}
 
 

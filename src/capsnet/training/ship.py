@@ -89,7 +89,7 @@ def ship_card(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"{run}: not a finished run ({Path(e.filename).name} is missing)") from None
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{run}: unreadable run record ({e})") from None
-    if tested.get("selected_on") != "val_acc":
+    if not str(tested.get("selected_on")).startswith("val_"):
         raise CheckpointError(f"{run}: best/ was not chosen on validation data, so it does not ship")
     try:
         train, best = upgrade_train_dict(record["train"]), tested["best"]

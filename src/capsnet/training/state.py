@@ -100,8 +100,13 @@ def restore(run: Run) -> RunState:
         for group, base_lr in zip(run.optimizer.param_groups, run.scheduler.base_lrs, strict=True):
             group["lr"] = base_lr * run.scheduler.gamma ** saved["epoch"]
     set_rng_states(saved["rng"], run.device, run.augment_rng, run.dist)
+    if run.ema is not None:
+        if "ema" not in saved:  # (--ema is a setting of the run: it may not change on resume)
+            raise CheckpointError(f"{run.dir / STATE_NAME}: holds no moving average of the weights for --ema")
+        run.ema.load_state_dict(saved["ema"])
     best = saved.get("best") or _best_of_old_state(saved)
-    restore_views(run.dir, {**saved, "best": best}, run.model, is_main=run.dist.is_main)
+    restore_views(run.dir, {**saved, "best": best}, run.model, is_main=run.dist.is_main,
+                  best_model=_best_model(run, best))  # fmt: skip
     state = RunState(
         EpochSums.from_list(list(saved["running"]), run.device),
         saved["epoch"],
@@ -144,11 +149,18 @@ def save_checkpoint(run: Run, state: RunState, *, epoch_done: bool) -> None:
         "running": running,
         "rng": rng,
     }
+    if run.ema is not None:
+        saved["ema"] = run.ema.state_dict()
     save_state(run.dir, saved)
     save_model(run.model, run.dir / "last", metadata=view_metadata(saved, "last"))
     if epoch_done and state.best.get("step") == state.step:
-        save_model(run.model, run.dir / "best", metadata=view_metadata(saved, "best"))
+        save_model(_best_model(run, state.best), run.dir / "best", metadata=view_metadata(saved, "best"))
     write_summary(run.dir, state.history)
+
+
+def _best_model(run: Run, best: dict[str, Any]) -> torch.nn.Module:
+    """The weights best/ holds when this checkpoint is the best: the moving average's (--ema) or the model's."""
+    return run.ema.model if run.ema is not None and best.get("weights") == "ema" else run.model
 
 
 def resumed_validation(config: TrainConfig, saved: dict) -> TrainConfig:

@@ -1,0 +1,71 @@
+"""Which checkpoint is best/: the monitored validation quantity (Lightning's `monitor`), compared after each epoch.
+
+A monitor is `val_loss` (lowest wins), `val_accuracy` (highest wins) or a comma list of them compared in order,
+each next one breaking the ties of the one before: `val_accuracy,val_loss` is the highest accuracy, and among
+epochs of equal accuracy the lowest loss. An exact tie on every quantity keeps the earlier checkpoint (and at the
+same epoch the raw weights before their moving average, capsnet.training.ema).
+
+The split scored is the validation split; without one, the test split stands in (best/ is then a maximum over
+epochs on the test set, as test.json says); with neither, best/ is the epoch of the lowest training loss.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+
+QUANTITIES = {"val_accuracy": "accuracy", "val_loss": "loss"}  # a monitor's name -> the evaluation's key
+HIGHER_IS_BETTER = {"accuracy": True, "loss": False}
+DEFAULT_MONITOR = "val_loss"  # chosen by the screens of docs/results.md ("Choosing best/")
+LEGACY_MONITOR = "val_accuracy"  # what a run recorded before `monitor` existed chose best/ on
+SELECTED_ON = {"val_acc": "validation accuracy", "val_loss": "validation loss", "test_acc": "test accuracy",
+               "test_loss": "test loss", "train_loss": "the training loss"}  # a best/'s metric, in words  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Monitor:
+    """The quantities compared, in order: evaluation keys ("accuracy", "loss")."""
+
+    keys: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, spec: str) -> Monitor:
+        names = [name.strip() for name in str(spec).split(",")]
+        if not names or any(n not in QUANTITIES for n in names) or len(set(names)) != len(names):
+            raise ConfigError(f"monitor must be {', '.join(QUANTITIES)} or a comma list of them (each next one "
+                              f"breaks the ties of the one before), got {spec!r}")  # fmt: skip
+        return cls(tuple(QUANTITIES[n] for n in names))
+
+    def rank(self, scores: dict[str, float]) -> tuple[float, ...]:
+        """Larger is better, element by element; a missing or NaN quantity ranks below every number."""
+        out = []
+        for key in self.keys:
+            value = scores.get(key, math.nan)
+            value = value if HIGHER_IS_BETTER[key] else -value
+            out.append(-math.inf if math.isnan(value) else value)
+        return tuple(out)
+
+    def better(self, scores: dict[str, float], best: dict[str, float] | None) -> bool:
+        """Whether `scores` beat `best` (None: nothing chosen yet). Ties keep `best`."""
+        return best is None or self.rank(scores) > self.rank(best)
+
+    def metric(self, split: str) -> str:
+        """The history column of the first quantity on `split` ("val_loss", "test_acc", ...)."""
+        return f"{split}_{'acc' if self.keys[0] == 'accuracy' else 'loss'}"
+
+
+def best_scores(best: dict[str, Any]) -> dict[str, float] | None:
+    """The scores a recorded best/ was chosen with; a state.pt made before monitors records only its metric's
+    value (an accuracy, or the training loss)."""
+    if not best or best.get("value") is None:
+        return None
+    if isinstance(best.get("scores"), dict):
+        return dict(best["scores"])
+    key = "accuracy" if str(best.get("metric", "")).endswith("_acc") else "loss"
+    return {key: float(best["value"])}
+
+
+__all__ = ["DEFAULT_MONITOR", "LEGACY_MONITOR", "SELECTED_ON", "Monitor", "best_scores"]

@@ -1,0 +1,247 @@
+"""What chooses best/ (`--monitor`) and the moving average of the weights (`--ema`): the criterion's order and ties,
+what test.json records, old runs resuming with their own criterion, the average's arithmetic, its buffers, and a
+stopped and resumed run whose average is bit for bit the uninterrupted one's (capsnet train, capsnet.fit, torchrun)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import small_config
+from safetensors.torch import load_file
+from torch import nn
+
+import capsnet
+from capsnet.cli import main
+from capsnet.data import standins
+from capsnet.errors import ConfigError
+from capsnet.training import resume
+from capsnet.training.checkpoint import load_state, read_summary
+from capsnet.training.ema import WeightAverage
+from capsnet.training.loop import TrainConfig, train
+from capsnet.training.monitor import DEFAULT_MONITOR, Monitor
+
+MODEL = ["--conv-channels", "8", "--primary-types", "2", "--primary-dim", "4", "--class-dim", "4",
+         "--decoder-hidden", "16", "16", "--kernel-size", "5"]  # fmt: skip
+QUIET = ["--device", "cpu", "--no-progress", "--no-tensorboard"]
+
+
+@pytest.fixture(scope="module")
+def rgb(tmp_path_factory) -> Path:
+    """60 + 12 RGB images of 16×16 in 3 classes."""
+    return standins.write_npz(tmp_path_factory.mktemp("data") / "rgb.npz", n_train=60, n_test=12, n_classes=3,
+                              shape=(16, 16, 3))  # fmt: skip
+
+
+def _train(out: Path, rgb: Path, *extra: str) -> int:
+    return main(["train", "--dataset", str(rgb), "--out", str(out), "--batch-size", "8", "--val-fraction", "0.25",
+                 *MODEL, *QUIET, *extra])  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------- the monitor
+def test_the_monitor_compares_in_order_and_ties_keep_the_earlier():
+    acc, loss, both = (Monitor.parse(s) for s in ("val_accuracy", "val_loss", "val_accuracy,val_loss"))
+    earlier, fewer_loss = {"accuracy": 0.975, "loss": 0.0202}, {"accuracy": 0.975, "loss": 0.0186}
+    assert not acc.better(fewer_loss, earlier)  # one accuracy: a tie keeps the earlier epoch
+    assert both.better(fewer_loss, earlier) and loss.better(fewer_loss, earlier)
+    assert not both.better({"accuracy": 0.9733, "loss": 0.01}, earlier)  # accuracy first
+    assert loss.better({"accuracy": 0.9733, "loss": 0.01}, earlier)
+    assert acc.better(earlier, None) and not acc.better(earlier, dict(earlier))
+    assert loss.better({"loss": 5.0}, {"loss": math.nan}) and not loss.better({"loss": math.nan}, {"loss": 5.0})
+    assert both.metric("val") == "val_acc" and loss.metric("test") == "test_loss"
+    assert DEFAULT_MONITOR == "val_loss"
+
+
+@pytest.mark.parametrize("spec", ["val_acc", "loss", "val_loss,val_loss", "", "val_accuracy;val_loss"])
+def test_a_monitor_that_is_not_one_is_one_line_and_exit_2(tmp_path, rgb, capsys, spec):
+    with pytest.raises(ConfigError, match="monitor must be val_accuracy, val_loss or a comma list"):
+        TrainConfig(monitor=spec)
+    assert _train(tmp_path / "run", rgb, "--epochs", "1", "--monitor", spec) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "monitor must be" in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("ema", ["0", "1", "-0.5", "1.5"])
+def test_an_ema_decay_outside_0_1_is_one_line_and_exit_2(tmp_path, rgb, capsys, ema):
+    assert _train(tmp_path / "run", rgb, "--epochs", "1", "--ema", ema) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ema must be a decay in (0, 1)" in err[0], err
+
+
+@pytest.mark.parametrize("spec", ["val_loss", "val_accuracy", "val_accuracy,val_loss", None])
+def test_best_is_what_the_monitor_picks_from_the_history_and_test_json_says_so(tmp_path, rgb, spec):
+    flags = ["--monitor", spec] if spec else []
+    assert _train(tmp_path / "run", rgb, "--epochs", "3", *flags) == 0
+    rows = load_state(tmp_path / "run")["history"]  # (exact; summary.csv rounds to 6 digits)
+    monitor = Monitor.parse(spec or DEFAULT_MONITOR)
+    expected = None
+    for row in rows:
+        if monitor.better({"accuracy": row["val_acc"], "loss": row["val_loss"]}, expected and expected[1]):
+            expected = (int(row["epoch"]), {"accuracy": row["val_acc"], "loss": row["val_loss"]})
+    report = json.loads((tmp_path / "run" / "test.json").read_text())
+    assert report["monitor"] == (spec or DEFAULT_MONITOR) and report["best"]["epoch"] == expected[0]
+    assert report["selected_on"] == monitor.metric("val") and report["best"]["weights"] == "raw"
+    assert report["best"]["val_loss"] == rows[expected[0] - 1]["val_loss"]
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["monitor"] == (spec or DEFAULT_MONITOR)
+    best = json.loads((tmp_path / "run" / "best" / "config.json").read_text())["checkpoint"]
+    assert best["epoch"] == expected[0] and best["monitor"] == (spec or DEFAULT_MONITOR)
+
+
+def test_a_run_recorded_without_a_monitor_resumes_choosing_on_validation_accuracy(tmp_path, rgb):
+    """A run of a capsnet before monitors: no `monitor` in its config.json nor in its best record. Resumed, it
+    keeps choosing best/ by validation accuracy (its own behaviour), whatever today's default is."""
+    out = tmp_path / "run"
+    assert _train(out, rgb, "--epochs", "1") == 0
+    meta = json.loads((out / "config.json").read_text())
+    del meta["train"]["monitor"]
+    (out / "config.json").write_text(json.dumps(meta))
+    state = torch.load(out / "state.pt", weights_only=True)
+    row = state["history"][0]
+    state["best"] = {"epoch": 1, "step": state["step"], "metric": "val_acc", "value": row["val_acc"]}
+    torch.save(state, out / "state.pt")
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "3"]) == 0
+    assert json.loads((out / "config.json").read_text())["train"]["monitor"] == "val_accuracy"
+    report = json.loads((out / "test.json").read_text())
+    accs = [r["val_acc"] for r in load_state(out)["history"]]
+    assert report["monitor"] == "val_accuracy" and report["best"]["epoch"] == accs.index(max(accs)) + 1
+    with pytest.raises(
+        ConfigError, match="monitor='val_loss' conflicts with the run's recorded monitor='val_accuracy'"
+    ):
+        resume(out, monitor="val_loss", epochs=4)
+
+
+# ----------------------------------------------------------------------------------------------- the average
+def test_the_average_warms_up_then_decays_and_copies_the_buffers():
+    model = nn.Sequential(nn.Linear(1, 1, bias=False), nn.BatchNorm1d(1))
+    with torch.no_grad():
+        model[0].weight.fill_(1.0)
+    average = WeightAverage(model, decay=0.5)
+    with torch.no_grad():
+        model[0].weight.fill_(3.0)
+        model[1].running_mean.fill_(7.0)
+    average.update(model)  # d_1 = min(0.5, 2/11) = 2/11: 2/11 · 1 + 9/11 · 3
+    assert average.model[0].weight.item() == pytest.approx(2 / 11 + 27 / 11, abs=1e-6)
+    assert average.model[1].running_mean.item() == 7.0 and average.model[1].num_batches_tracked.item() == 0
+    with torch.no_grad():
+        model[0].weight.fill_(5.0)
+    average.updates = 100  # d = min(0.5, 102/111) = 0.5
+    before = average.model[0].weight.item()
+    average.update(model)
+    assert average.model[0].weight.item() == pytest.approx(0.5 * before + 2.5, abs=1e-6)
+    assert not average.model.training and not any(p.requires_grad for p in average.model.parameters())
+
+
+def _ema_rows(run: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in ("seconds", "images_per_s")} for r in read_summary(run)]
+
+
+def test_a_run_stopped_mid_epoch_resumes_with_the_same_average_bit_for_bit(tmp_path, rgb):
+    common = dict(dataset=str(rgb), batch_size=8, epochs=2, progress=False, tensorboard=False, device="cpu",
+                  val_fraction=0.25, ema=0.9, monitor="val_accuracy,val_loss")  # fmt: skip
+    model = small_config(kernel_size=5)
+    whole = train(TrainConfig(out=str(tmp_path / "whole"), **common), model)
+    stopped = train(TrainConfig(out=str(tmp_path / "parts"), **common), model, on_step=lambda step: step == 8)
+    assert stopped.interrupted and load_state(tmp_path / "parts")["batch_in_epoch"] == 2  # 45 images: 6 an epoch
+    assert main(["train", "--out", str(tmp_path / "parts"), "--resume"]) == 0
+    a, b = load_state(tmp_path / "whole"), load_state(tmp_path / "parts")  # (weights_only loading)
+    assert a["ema"]["updates"] == b["ema"]["updates"] == a["step"] == 12 and a["ema"]["decay"] == 0.9
+    assert a["ema"]["weights"].keys() == b["ema"]["weights"].keys()
+    assert all(torch.equal(a["ema"]["weights"][k], b["ema"]["weights"][k]) for k in a["ema"]["weights"])
+    assert not all(torch.equal(a["ema"]["weights"][k], a["model"][k]) for k in a["model"])  # an average, not a copy
+    assert _ema_rows(tmp_path / "whole") == _ema_rows(tmp_path / "parts")
+    assert "ema_val_acc" in _ema_rows(tmp_path / "whole")[0]
+    for view in ("best", "last"):
+        x, y = (load_file(str(tmp_path / run / view / "model.safetensors")) for run in ("whole", "parts"))
+        assert all(torch.equal(x[k], y[k]) for k in x), view
+    report = json.loads((tmp_path / "parts" / "test.json").read_text())
+    assert report == json.loads((tmp_path / "whole" / "test.json").read_text())
+    assert whole.best["weights"] in ("raw", "ema")
+    best = load_file(str(tmp_path / "whole" / "best" / "model.safetensors"))
+    source = a["ema"]["weights"] if report["best"]["weights"] == "ema" and report["best"]["epoch"] == 2 else None
+    if source is not None:  # best/ is the last epoch's average: its very tensors
+        assert all(torch.equal(best[k], source[k]) for k in best)
+
+
+def test_best_holds_the_weights_that_won_raw_or_average(tmp_path, rgb):
+    """Each epoch scores the raw weights, then their average: best/ holds the winner's tensors, test.json names it."""
+    common = dict(dataset=str(rgb), batch_size=8, epochs=1, progress=False, tensorboard=False, device="cpu",
+                  val_fraction=0.25, ema=0.5, out=str(tmp_path / "run"), monitor="val_loss")  # fmt: skip
+    result = train(TrainConfig(**common), small_config(kernel_size=5))
+    state = load_state(tmp_path / "run")
+    row = state["history"][0]
+    assert result.best["weights"] == ("ema" if row["ema_val_loss"] < row["val_loss"] else "raw")
+    weights = state["ema"]["weights"] if result.best["weights"] == "ema" else state["model"]
+    best = load_file(str(tmp_path / "run" / "best" / "model.safetensors"))
+    assert all(torch.equal(best[k], weights[k]) for k in best)
+    assert result.test is not None and result.test["best"]["weights"] == result.best["weights"]
+    prefix = "ema_" if result.best["weights"] == "ema" else ""
+    assert result.test["best"]["val_loss"] == row[f"{prefix}val_loss"]
+
+
+def test_fit_keeps_the_average_and_resumes_it(tmp_path):
+    data = torch.utils.data.TensorDataset(torch.rand(48, 1, 16, 16), torch.arange(48) % 3)
+    make = lambda: capsnet.create_model("capsnet", **{**small_config(kernel_size=5).__dict__, "image_size": 16,  # noqa: E731
+                                                      "n_classes": 3})  # fmt: skip
+    kwargs = dict(epochs=2, batch_size=8, ema=0.8, progress=False, tensorboard=False, device="cpu", seed=1)
+    torch.manual_seed(0)
+    capsnet.fit(make(), data, out=tmp_path / "whole", **kwargs)
+    torch.manual_seed(0)
+    stopped = capsnet.fit(make(), data, out=tmp_path / "parts", on_step=lambda s: s == 3, **kwargs)
+    assert stopped.interrupted
+    torch.manual_seed(0)
+    capsnet.fit(make(), data, out=tmp_path / "parts", resume=True, **{**kwargs, "ema": None})  # (the run's own)
+    a, b = load_state(tmp_path / "whole"), load_state(tmp_path / "parts")
+    assert a["ema"]["updates"] == 12 and all(torch.equal(a["ema"]["weights"][k], b["ema"]["weights"][k])
+                                             for k in a["ema"]["weights"])  # fmt: skip
+    assert json.loads((tmp_path / "parts" / "config.json").read_text())["train"]["ema"] == 0.8
+    with pytest.raises(ConfigError, match=r"ema=0\.5 conflicts with the run's recorded ema=0\.8"):
+        capsnet.fit(make(), data, out=tmp_path / "parts", resume=True, **{**kwargs, "epochs": 3, "ema": 0.5})
+
+
+TORCHRUN_SCRIPT = """
+import sys, torch
+from capsnet.training import build
+from capsnet.training.loop import TrainConfig, train
+from capsnet.training.ema import WeightAverage
+from capsnet.cli.train import configs_from_args
+made = []
+class Kept(WeightAverage):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        made.append(self)
+build.WeightAverage = Kept
+out, data = sys.argv[1], sys.argv[2]
+from helpers import small_config
+train(TrainConfig(dataset=data, out=out, epochs=2, batch_size=8, ema=0.9, device="cpu", progress=False,
+                  tensorboard=False, val_fraction=0.25), small_config(kernel_size=5))
+rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else int(__import__("os").environ["RANK"])
+torch.save(made[0].state_dict(), f"{out}/ema{rank}.pt")
+"""
+
+
+@pytest.mark.slow
+def test_under_torchrun_the_ranks_average_alike_and_rank_0_saves_it(tmp_path, rgb):
+    script = tmp_path / "ema.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    out = tmp_path / "run"
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent / "src"), str(tests)]),
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(out),
+           str(rgb)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, f"stdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-6000:]}"
+    a, b = (torch.load(out / f"ema{k}.pt", weights_only=True) for k in (0, 1))
+    saved = load_state(out)["ema"]
+    assert a["updates"] == b["updates"] == saved["updates"] > 0
+    for key in a["weights"]:
+        assert torch.equal(a["weights"][key], b["weights"][key]) and torch.equal(
+            a["weights"][key], saved["weights"][key]
+        ), key
