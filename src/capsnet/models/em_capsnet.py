@@ -8,7 +8,7 @@ On 32×32 smallNORB crops the grids are 32 → 14 → 14 → 6 → 4; on 28×28 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +51,12 @@ class EMCapsNetConfig(RecordedData):
         default=True, metadata={"help": "start beta_a so that half the capsules are active on the first batch"}
     )
     coordinate_addition: bool = field(default=True, metadata={"help": "add scaled positions to the class votes"})
+    # "grid": Gritzman's fc_caps, (col + 1/2)/W into V[0, 3] and (row + 1/2)/H into V[1, 3] on the class layer's
+    # input grid; "receptive-field": (row, col) of each position's receptive-field centre in pixels / image size,
+    # into V[0, 3], V[1, 3] (the layout of folders whose config.json lacks the key, EMCapsNet.saved_defaults).
+    coordinate_style: Literal["grid", "receptive-field"] = field(
+        default="grid", metadata={"help": "coordinate addition: grid (the authors') or receptive-field"}
+    )
     class_loss: Literal["spread", "margin", "cross_entropy"] = field(
         default="spread", metadata={"help": "loss on the class activations"}
     )
@@ -67,6 +73,8 @@ class EMCapsNetConfig(RecordedData):
         self._check_recorded(self.n_classes)
         if self.final_lambda <= 0 or self.min_var <= 0:
             raise ConfigError(f"final_lambda and min_var must be > 0, got {self.final_lambda}, {self.min_var}")
+        if self.coordinate_style not in ("grid", "receptive-field"):
+            raise ConfigError(f"coordinate_style must be 'grid' or 'receptive-field', got {self.coordinate_style!r}")
         if self.class_grid < 1:
             raise ConfigError(f"image_size {self.image_size} is too small for EMCapsNet's layers")
 
@@ -81,6 +89,23 @@ class EMCapsNetConfig(RecordedData):
         for k, stride in self.layer_geometry():
             s = (s - k) // stride + 1
         return s
+
+
+def grid_coordinates(config: EMCapsNetConfig) -> torch.Tensor:
+    """Gritzman's coordinate addition: for each position (row, col) of the g×g grid the class capsules read
+    (row-major), ((col + ½)/g, (row + ½)/g), the values added to V[0, 3] and V[1, 3]  [g², 2]."""
+    g = config.class_grid
+    coord = (torch.arange(g, dtype=torch.float32) + 0.5) / g
+    rows, cols = torch.meshgrid(coord, coord, indexing="ij")
+    return torch.stack([cols, rows], dim=-1).reshape(g * g, 2)
+
+
+def class_coordinates(config: EMCapsNetConfig) -> torch.Tensor | None:
+    """The values ClassCaps adds to V[0, 3], V[1, 3] at each position [g², 2], by `coordinate_style`; None without
+    coordinate addition."""
+    if not config.coordinate_addition:
+        return None
+    return grid_coordinates(config) if config.coordinate_style == "grid" else receptive_field_centres(config)
 
 
 def receptive_field_centres(config: EMCapsNetConfig) -> torch.Tensor:
@@ -119,6 +144,8 @@ class EMCapsNet(Pretrained, nn.Module):
     designed_for = "smallNORB 32x32 crops (also MNIST 28x28)"
     routing_method = "em"  # what `capsnet visualize` names the routing figure after
     default_lr = 3e-3  # Adam; the paper gives none (docs/benchmarks.md, EM routing)
+    # config.json files written before `coordinate_style` existed hold receptive-field coordinates
+    saved_defaults: ClassVar[dict[str, Any]] = {"coordinate_style": "receptive-field"}
 
     def __init__(self, *, config: EMCapsNetConfig | None = None, **options):
         super().__init__()
@@ -133,8 +160,7 @@ class EMCapsNet(Pretrained, nn.Module):
         self.primary = PrimaryMatrixCaps(cfg.conv_channels, cfg.primary_types)
         self.caps1 = ConvCaps(cfg.primary_types, cfg.caps1_types, kernel_size=3, stride=2, **em)
         self.caps2 = ConvCaps(cfg.caps1_types, cfg.caps2_types, kernel_size=3, stride=1, **em)
-        centres = receptive_field_centres(cfg) if cfg.coordinate_addition else None
-        self.classes = ClassCaps(cfg.caps2_types, cfg.n_classes, centres=centres, **em)
+        self.classes = ClassCaps(cfg.caps2_types, cfg.n_classes, centres=class_coordinates(cfg), **em)
         self.spread_loss = SpreadLoss(cfg.n_classes)
         self.margin_loss = MarginLoss(cfg.n_classes)
         # Training steps seen by `loss`, which drive the spread margin's schedule: counted on the host (`margin_steps`,
