@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, MutableMapping
 from ..errors import ConfigError
 from .baseline import BaselineCNN
 from .capsnet import CapsNet
+from .deepcaps import DeepCaps
 from .efficient_capsnet import EfficientCapsNet
 from .em_capsnet import EMCapsNet
 from .hvc_capsnet import HVCCapsNet
@@ -80,6 +81,7 @@ register_model("efficient-capsnet", EfficientCapsNet)
 register_model("inverted-attention-capsnet", InvertedAttentionCapsNet)
 register_model("self-routing-capsnet", SelfRoutingCapsNet)
 register_model("hvc-capsnet", HVCCapsNet)
+register_model("deepcaps", DeepCaps)
 
 
 def model_class(name: str) -> type[Pretrained]:
