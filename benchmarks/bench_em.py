@@ -181,6 +181,33 @@ def stability(steps: int, iterations: int, *, batch: int = 16, seed: int = 0, **
             "last_loss": sum(losses[-k:]) / k, "test_acc_500": acc}  # fmt: skip
 
 
+def screen(steps: int, seed: int, **options) -> dict:
+    """Train the small EMCapsNet of `stability` (r = 3) for `steps` Adam steps on the bundled sample's training
+    digits but its last 1,000, and score it on those 1,000 (held out; the test digits are not read)."""
+    from capsnet.data import load_dataset
+    from capsnet.models import EMCapsNet
+
+    torch.manual_seed(seed)
+    data = load_dataset("mnist-sample")
+    n_train = len(data.train) - 1000
+    model = EMCapsNet(image_size=28, n_classes=10, conv_channels=16, primary_types=4, caps1_types=4, caps2_types=4,
+                      margin_anneal_steps=steps, **options)  # fmt: skip
+    opt = torch.optim.Adam(model.parameters(), lr=EMCapsNet.default_lr)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        idx = torch.randint(0, n_train, (16,), generator=g)
+        x, y = data.train.images[idx].float() / 255.0, data.train.labels[idx]
+        loss, _ = model.loss(model(x), x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        x, y = data.train.images[n_train:].float() / 255.0, data.train.labels[n_train:]
+        acc = float((model(x).predictions == y).float().mean())
+    return {**options, "seed": seed, "steps": steps, "val_acc_1000": acc}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layer", choices=sorted(LAYERS), default="caps1")
@@ -190,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--memory-of", choices=["fast", "transcription"], help=argparse.SUPPRESS)  # one path's peak
     p.add_argument("--stability", type=int, metavar="STEPS", help="instead: train STEPS steps at r = 1, 2, 3")
+    p.add_argument(
+        "--screen-coordinates",
+        type=int,
+        metavar="STEPS",
+        help="instead: train STEPS steps with each coordinate_style, seeds 0 and 1, scored on held-out digits",
+    )
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if args.threads:
@@ -197,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.stability:
         for r in (1, 2, 3):
             print(json.dumps(stability(args.stability, r)), flush=True)
+        return 0
+    if args.screen_coordinates:
+        for seed in (0, 1):
+            for style in ("grid", "receptive-field"):
+                print(json.dumps(screen(args.screen_coordinates, seed, coordinate_style=style)), flush=True)
         return 0
     if args.memory_of:
         print(json.dumps(peak_memory(args.memory_of, args.layer, args.batch, device)))

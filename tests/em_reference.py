@@ -98,7 +98,9 @@ def class_caps_reference(poses, acts, weight, beta_u, beta_a, centres, *, iterat
                 a_in[child] = acts[child]
                 for j in range(n_out):
                     v = poses[child].reshape(4, 4) @ weight[j, c]
-                    if centres is not None:  # coordinate addition: (row, col) into V[0, 3], V[1, 3]
+                    if (
+                        centres is not None
+                    ):  # coordinate addition: centres[:, 0] into V[0, 3], centres[:, 1] into V[1, 3]
                         v = v + torch.zeros_like(v).index_put((torch.tensor([0, 1]), torch.tensor([3, 3])),
                                                               centres[y * w + x])  # fmt: skip
                     votes[0, j, child] = v.reshape(16)

@@ -38,6 +38,8 @@ SMALL_OPTIONS: dict[str, dict] = {
     "inverted-attention-capsnet": {"stem_channels": 16, "primary_types": 4, "capsule_types": (4, 4)},
     "self-routing-capsnet": {"resnet_widths": (8, 16), "resnet_blocks": 1, "primary_types": 4,
                              "capsule_types": (4,), "capsule_strides": (2,)},
+    "deepcaps": {"conv_channels": 8, "cell_types": (4, 4, 4, 4), "cell_dims": (2, 4, 4, 4), "class_dim": 8,
+                 "decoder_channels": (8, 4, 4)},
 }  # fmt: skip
 
 

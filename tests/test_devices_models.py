@@ -22,6 +22,8 @@ MODEL_KWARGS = {
                              "capsule_types": (4,), "capsule_strides": (2,)},
     "em-capsnet": {"conv_channels": 8, "primary_types": 4, "caps1_types": 4, "caps2_types": 4, "n_classes": 10},
     "hvc-capsnet": {"channels": (4, 4, 6, 6, 6, 8, 8, 8, 8)},
+    "deepcaps": {"conv_channels": 8, "cell_types": (4, 4, 4, 4), "cell_dims": (2, 4, 4, 4), "class_dim": 8,
+                 "decoder_channels": (8, 4, 4)},
 }  # fmt: skip
 ENTRIES = [f"capsnet-{r}" for r in ("dynamic", "self-attention", "inverted-attention", "self-routing")]
 ENTRIES += list(MODEL_KWARGS)

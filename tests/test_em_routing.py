@@ -1,12 +1,14 @@
 """Matrix capsules with EM routing: the layers against a literal loop reference (value and gradient), invariants,
 the spread loss, the EMCapsNet model (parameter counts, save/load, CLI training) and stability over training."""
 
+import json
 import math
 
 import pytest
 import torch
 from em_reference import class_caps_reference, conv_caps_reference
 
+from capsnet import ConfigError
 from capsnet.cli import main
 from capsnet.models import EMCapsNet, load_pretrained
 from capsnet.models.em_capsnet import SMALL, receptive_field_centres
@@ -262,6 +264,52 @@ def test_receptive_field_centres_on_smallnorb_crops():
     expected = (8.5 + 4 * torch.arange(4.0)) / 32
     torch.testing.assert_close(c.view(4, 4, 2)[:, 0, 0], expected)
     torch.testing.assert_close(c.view(4, 4, 2)[0, :, 1], expected)
+
+
+def test_coordinate_addition_defaults_to_the_authors_grid_in_v03_and_v13():
+    """Gritzman's fc_caps (IBM/matrix-capsules-with-em-routing, layers.coord_addition): on the 3×3 grid the class
+    capsules read on 28×28 digits, (col + ½)/3 is added to pose element 3 (V[0, 3]) and (row + ½)/3 to element 7
+    (V[1, 3]). With W = 0 and only the child at (row 0, col 2) active, μ_j is exactly that position's coordinates."""
+    model = EMCapsNet(image_size=28, n_classes=3, conv_channels=4, primary_types=2, caps1_types=2, caps2_types=2)
+    assert model.config.coordinate_style == "grid"
+    sixth = 1 / 6
+    expected = [[sixth, sixth], [3 * sixth, sixth], [5 * sixth, sixth],
+                [sixth, 3 * sixth], [3 * sixth, 3 * sixth], [5 * sixth, 3 * sixth],
+                [sixth, 5 * sixth], [3 * sixth, 5 * sixth], [5 * sixth, 5 * sixth]]  # fmt: skip
+    torch.testing.assert_close(model.classes.centres, torch.tensor(expected))
+    layer = model.classes.double()
+    with torch.no_grad():
+        layer.weight.zero_()
+    acts = torch.zeros(1, 3, 3, 2, dtype=torch.float64)
+    acts[0, 0, 2, 0] = 1.0
+    res = layer(torch.randn(1, 3, 3, 2, 16, dtype=torch.float64), acts)
+    pose = res.poses[0, 0]  # [n, 16]
+    torch.testing.assert_close(pose[:, 3], torch.full((3,), 5 / 6, dtype=torch.float64))
+    torch.testing.assert_close(pose[:, 7], torch.full((3,), 1 / 6, dtype=torch.float64))
+    assert pose[:, [i for i in range(16) if i not in (3, 7)]].abs().max() == 0
+
+
+def test_receptive_field_coordinates_are_an_option_and_old_folders_keep_them(tmp_path):
+    """`coordinate_style="receptive-field"`: (row, col) of the receptive-field centres in pixels / image size into
+    V[0, 3], V[1, 3] (on 28×28: 8.5 + 4y pixels). A config.json without the key loads with it."""
+    small = {"image_size": 28, "n_classes": 3, "conv_channels": 4, "primary_types": 2, "caps1_types": 2,
+             "caps2_types": 2}  # fmt: skip
+    model = EMCapsNet(**small, coordinate_style="receptive-field")
+    c = model.classes.centres.view(3, 3, 2)
+    torch.testing.assert_close(c[:, 0, 0], torch.tensor([8.5, 12.5, 16.5]) / 28)  # row into V[0, 3]
+    torch.testing.assert_close(c[0, :, 1], torch.tensor([8.5, 12.5, 16.5]) / 28)  # col into V[1, 3]
+    torch.manual_seed(1)
+    old = EMCapsNet(**small, coordinate_style="receptive-field", centre_activations=False).eval()
+    old.save_pretrained(tmp_path)
+    meta = json.loads((tmp_path / "config.json").read_text())
+    del meta["config"]["coordinate_style"]
+    (tmp_path / "config.json").write_text(json.dumps(meta))
+    loaded = load_pretrained(tmp_path)
+    assert loaded.config.coordinate_style == "receptive-field"
+    x = torch.rand(2, 1, 28, 28)
+    torch.testing.assert_close(loaded(x).lengths, old(x).lengths)
+    with pytest.raises(ConfigError, match="coordinate_style"):
+        EMCapsNet(**small, coordinate_style="pixels")
 
 
 @pytest.fixture

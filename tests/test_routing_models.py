@@ -29,6 +29,8 @@ SMALL = {
     "self-routing-capsnet": ["--resnet-widths", "8", "16", "--resnet-blocks", "1", "--primary-types", "4",
                              "--capsule-types", "4", "--capsule-strides", "2"],
     "hvc-capsnet": ["--channels", "4", "4", "6", "6", "6", "8", "8", "8", "8"],
+    "deepcaps": ["--conv-channels", "8", "--cell-types", "4", "4", "4", "4", "--cell-dims", "2", "4", "4", "4",
+                 "--class-dim", "8", "--decoder-channels", "8", "4", "4"],
 }  # fmt: skip
 QUICK = ["--train-subset", "32", "--test-subset", "32", "--epochs", "1", "--batch-size", "16", "--device", "cpu",
          "--no-progress", "--no-tensorboard"]  # fmt: skip
@@ -250,7 +252,7 @@ def test_cli_trains_evaluates_and_predicts_each_model(tmp_path, capsys, name):
     assert main(["visualize", "--checkpoint", str(out), "--out", str(figures), "--limit", "16", "--n", "4"]) == 0
     assert (figures / "routing.png").is_file() == (name != "hvc-capsnet")  # HVCs have no routing to draw
     assert (figures / "confusion.png").stat().st_size > 0
-    assert (figures / "reconstructions.png").is_file() == (name == "efficient-capsnet")  # the one with a decoder
+    assert (figures / "reconstructions.png").is_file() == (name in ("efficient-capsnet", "deepcaps"))  # decoders
     if name == "efficient-capsnet":  # the whole 2,000-image sample: seconds for this model, minutes for the others
         assert main(["evaluate", "--checkpoint", str(out), "--json"]) == 0
         assert '"accuracy"' in capsys.readouterr().out

@@ -41,6 +41,12 @@ class EMCapsNetConfig(RecordedData):
         default=True, metadata={"help": "start beta_a so that half the capsules are active on the first batch"}
     )
     coordinate_addition: bool = field(default=True, metadata={"help": "add scaled positions to the class votes"})
+    # "grid": Gritzman's fc_caps, (col + 1/2)/W into V[0, 3] and (row + 1/2)/H into V[1, 3] on the class layer's
+    # input grid; "receptive-field": (row, col) of each position's receptive-field centre in pixels / image size,
+    # into V[0, 3], V[1, 3] (the layout of folders whose config.json lacks the key, EMCapsNet.saved_defaults).
+    coordinate_style: Literal["grid", "receptive-field"] = field(
+        default="grid", metadata={"help": "coordinate addition: grid (the authors') or receptive-field"}
+    )
     class_loss: Literal["spread", "margin", "cross_entropy"] = field(
         default="spread", metadata={"help": "loss on the class activations"}
     )
@@ -57,6 +63,8 @@ class EMCapsNetConfig(RecordedData):
         self._check_recorded(self.n_classes)
         if self.final_lambda <= 0 or self.min_var <= 0:
             raise ConfigError(f"final_lambda and min_var must be > 0, got {self.final_lambda}, {self.min_var}")
+        if self.coordinate_style not in ("grid", "receptive-field"):
+            raise ConfigError(f"coordinate_style must be 'grid' or 'receptive-field', got {self.coordinate_style!r}")
         if self.class_grid < 1:
             raise ConfigError(f"image_size {self.image_size} is too small for EMCapsNet's layers")
 

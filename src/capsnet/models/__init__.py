@@ -9,7 +9,7 @@ May import: capsnet.nn, capsnet.routing and the foundation modules; never data, 
 from .capsnet import CapsNet, CapsNetConfig, CapsNetOutput
 from .baseline import BaselineCNN, BaselineConfig
 from .em_capsnet import EMCapsNet, EMCapsNetConfig, EMCapsNetOutput
-from . import efficient_capsnet, inverted_attention_capsnet, self_routing_capsnet, hvc_capsnet
+from . import efficient_capsnet, inverted_attention_capsnet, self_routing_capsnet, hvc_capsnet, deepcaps
 # isort: on
 
 from .factory import create_model, list_models
@@ -28,6 +28,7 @@ __all__ = [
     "EMCapsNetOutput",
     "Pretrained",
     "create_model",
+    "deepcaps",
     "efficient_capsnet",
     "hvc_capsnet",
     "inverted_attention_capsnet",

@@ -7,7 +7,7 @@ On 32×32 smallNORB crops the grids are 32 → 14 → 14 → 6 → 4; on 28×28 
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +22,23 @@ from .registry import register_model
 
 # The paper's smaller network (§4: "A=64, B=8, C=D=16", 68K parameters); the defaults are the main one (A=B=C=D=32).
 SMALL = {"conv_channels": 64, "primary_types": 8, "caps1_types": 16, "caps2_types": 16}
+
+
+def grid_coordinates(config: EMCapsNetConfig) -> torch.Tensor:
+    """Gritzman's coordinate addition: for each position (row, col) of the g×g grid the class capsules read
+    (row-major), ((col + ½)/g, (row + ½)/g), the values added to V[0, 3] and V[1, 3]  [g², 2]."""
+    g = config.class_grid
+    coord = (torch.arange(g, dtype=torch.float32) + 0.5) / g
+    rows, cols = torch.meshgrid(coord, coord, indexing="ij")
+    return torch.stack([cols, rows], dim=-1).reshape(g * g, 2)
+
+
+def class_coordinates(config: EMCapsNetConfig) -> torch.Tensor | None:
+    """The values ClassCaps adds to V[0, 3], V[1, 3] at each position [g², 2], by `coordinate_style`; None without
+    coordinate addition."""
+    if not config.coordinate_addition:
+        return None
+    return grid_coordinates(config) if config.coordinate_style == "grid" else receptive_field_centres(config)
 
 
 def receptive_field_centres(config: EMCapsNetConfig) -> torch.Tensor:
@@ -59,6 +76,8 @@ class EMCapsNet(Pretrained, nn.Module):
     train_steps: torch.Tensor  # a buffer: `margin_steps` as saved with the weights
     paper = "Hinton, Sabour & Frosst, ICLR 2018 (Matrix capsules with EM routing)"
     designed_for = "smallNORB 32x32 crops (also MNIST 28x28)"
+    # config.json files written before `coordinate_style` existed hold receptive-field coordinates
+    saved_defaults: ClassVar[dict[str, Any]] = {"coordinate_style": "receptive-field"}
     routing_method = "em"  # what `capsnet visualize` names the routing figure after
     default_lr = 3e-3  # Adam; the paper gives none (docs/benchmarks.md, EM routing)
 
@@ -75,8 +94,7 @@ class EMCapsNet(Pretrained, nn.Module):
         self.primary = PrimaryMatrixCaps(cfg.conv_channels, cfg.primary_types)
         self.caps1 = ConvCaps(cfg.primary_types, cfg.caps1_types, kernel_size=3, stride=2, **em)
         self.caps2 = ConvCaps(cfg.caps1_types, cfg.caps2_types, kernel_size=3, stride=1, **em)
-        centres = receptive_field_centres(cfg) if cfg.coordinate_addition else None
-        self.classes = ClassCaps(cfg.caps2_types, cfg.n_classes, centres=centres, **em)
+        self.classes = ClassCaps(cfg.caps2_types, cfg.n_classes, centres=class_coordinates(cfg), **em)
         self.spread_loss = SpreadLoss(cfg.n_classes)
         self.margin_loss = MarginLoss(cfg.n_classes)
         # Training steps seen by `loss`, which drive the spread margin's schedule: counted on the host (`margin_steps`,

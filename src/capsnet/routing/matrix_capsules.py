@@ -165,13 +165,13 @@ class ConvCaps(_CentredActivations):
 
 class ClassCaps(_CentredActivations):
     """Class capsules (§3): every child on the H×W grid votes for each of the n classes with one W per
-    (child type, class), shared across positions. Coordinate addition: the scaled (row, column) centre of each
-    child's receptive field is added to the first two elements of the right-hand column of its vote matrix,
-    V_ij[0, 3] and V_ij[1, 3] (pass `centres`; None switches it off).
+    (child type, class), shared across positions. Coordinate addition: a scaled position of each child is added to
+    the first two elements of the right-hand column of its vote matrix: `centres[:, 0]` to V_ij[0, 3] and
+    `centres[:, 1]` to V_ij[1, 3] (None switches it off; EMCapsNet's `coordinate_style` chooses the values).
 
     Parameters: T_in·n·16 (W) + 2·n (β_u, β_a)."""
 
-    centres: torch.Tensor | None  # a buffer: the receptive-field centres, or None without coordinate addition
+    centres: torch.Tensor | None  # a buffer: the coordinates added to the votes, or None without coordinate addition
 
     def __init__(
         self, in_types: int, n_classes: int, *, iterations: int = 3, final_lambda: float = FINAL_LAMBDA,
@@ -184,7 +184,7 @@ class ClassCaps(_CentredActivations):
         self.weight = nn.Parameter(torch.randn(n_classes, in_types, 4, 4) * weight_std / 2.0)  # W_j,type  [J, T, 4, 4]
         self.beta_u = nn.Parameter(torch.zeros(n_classes))
         self.beta_a = nn.Parameter(torch.zeros(n_classes))
-        # (row, col) of each position's receptive-field centre, scaled to [0, 1]  [H·W, 2]; not a parameter
+        # the values added to V[0, 3], V[1, 3] at each position (row-major)  [H·W, 2]; not a parameter
         self.register_buffer("centres", centres, persistent=False)
         self._setup_centring(centre_activations)
 
@@ -208,7 +208,7 @@ class ClassCaps(_CentredActivations):
             if self.centres.shape[0] != hh * ww:
                 raise ValueError(f"ClassCaps was built for {self.centres.shape[0]} positions, got {hh}x{ww}")
             add = votes.new_zeros(hh * ww, 1, 4, 4)
-            add[:, 0, :2, 3] = self.centres.to(votes.dtype)  # (row, col) into V[0, 3], V[1, 3]
+            add[:, 0, :2, 3] = self.centres.to(votes.dtype)  # centres[:, 0] into V[0, 3], centres[:, 1] into V[1, 3]
             votes = votes + add
         votes = votes.reshape(b, 1, self.n_classes, hh * ww * t, 16)
         a = activations.reshape(b, 1, hh * ww * t)
