@@ -125,8 +125,10 @@ def test_cli_exports_a_checkpoint_to_torch_export(tmp_path, capsys):
     CapsNet(config=small_config()).save_pretrained(tmp_path / "m")
     assert main(["export", "--checkpoint", str(tmp_path / "m"), "--out", str(tmp_path / "m.pt2")]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith(f"wrote {tmp_path / 'm.pt2'}: torch.export, input images [B, 1, 28, 28] (B dynamic)")
-    assert "outputs lengths [B, 10], capsules [B, 10, 6]" in out[0]
+    assert out[0].startswith(
+        f"wrote {tmp_path / 'm.pt2'}: torch.export, input images [batch, 1, 28, 28] (batch dynamic)"
+    )
+    assert "outputs lengths [batch, 10], capsules [batch, 10, 6]" in out[0]
     assert out[1].startswith("checked: torch.export.load matches the PyTorch model within")
     assert (tmp_path / "m.pt2").is_file()
 
