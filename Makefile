@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test check demo lint bench gpu-check gpu-session clean
+.PHONY: test check demo lint bench docs gpu-check gpu-session clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,13 @@ test: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q
+	$(MAKE) docs
+
+# The docs site (site/): docs/ plus the README as its front page, the API reference from the docstrings
+# (mkdocstrings); --strict fails on a broken link or a missing reference.
+docs: $(STAMP)
+	sed 's#](docs/#](#g' README.md > docs/index.md
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # The fast loop (under a minute on 2 cores): lint, types, the tests not marked slow.
 check: $(STAMP)

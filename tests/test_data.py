@@ -254,6 +254,18 @@ def test_cli_info(run_cli, capsys):
     assert "605" in out and "690" in out
 
 
+def test_cli_info_shows_each_files_md5(run_cli, capsys):
+    from capsnet.data.download import BUNDLED_MD5
+
+    assert run_cli(["data", "info", "mnist-sample"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    md5s = {line.split()[1]: line.split()[0] for line in lines if line.startswith("  ") and len(line.split()) == 2}
+    assert {name.removesuffix(".gz"): md5 for name, md5 in BUNDLED_MD5.items()} == {
+        name.removesuffix(".gz"): md5 for name, md5 in md5s.items()
+    }
+    assert len(md5s) == 4
+
+
 def test_cli_check(run_cli, capsys):
     assert run_cli(["data", "check", "mnist-sample"]) == 0
     out = capsys.readouterr().out

@@ -37,7 +37,10 @@ def test_onnx_runs_in_onnxruntime_like_the_model(name, tmp_path):
     proto = onnx.load(str(tmp_path / "m.onnx"))
     names = ["lengths", "capsules"][: len(_reference(model, torch.rand(1, 1, 28, 28)))]  # (the baseline: no capsules)
     assert [o.name for o in proto.graph.output] == list(info["outputs"]) == names
-    assert proto.graph.input[0].name == "images" and proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param
+    assert proto.graph.input[0].name == "images"
+    for value in [*proto.graph.input, *proto.graph.output]:  # the dynamic axis is named as the report names it
+        assert value.type.tensor_type.shape.dim[0].dim_param == "batch", value.name
+    assert all(shape[0] == "batch" for shape in info["outputs"].values())
     assert {i.domain or "ai.onnx": i.version for i in proto.opset_import}["ai.onnx"] == ex.OPSET
     meta = {p.key: p.value for p in proto.metadata_props}
     assert meta["capsnet.model_type"] == model.model_type and json.loads(meta["capsnet.config"])["n_classes"] == 10
@@ -122,8 +125,10 @@ def test_cli_exports_a_checkpoint_to_torch_export(tmp_path, capsys):
     CapsNet(config=small_config()).save_pretrained(tmp_path / "m")
     assert main(["export", "--checkpoint", str(tmp_path / "m"), "--out", str(tmp_path / "m.pt2")]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith(f"wrote {tmp_path / 'm.pt2'}: torch.export, input images [B, 1, 28, 28] (B dynamic)")
-    assert "outputs lengths [B, 10], capsules [B, 10, 6]" in out[0]
+    assert out[0].startswith(
+        f"wrote {tmp_path / 'm.pt2'}: torch.export, input images [batch, 1, 28, 28] (batch dynamic)"
+    )
+    assert "outputs lengths [batch, 10], capsules [batch, 10, 6]" in out[0]
     assert out[1].startswith("checked: torch.export.load matches the PyTorch model within")
     assert (tmp_path / "m.pt2").is_file()
 

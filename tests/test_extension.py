@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+import torch.utils.cpp_extension  # (loaded by builds only; the tests replace its load_inline)
 
 from capsnet.routing import extension
 from capsnet.routing.extension import CSRC, LazyExtension, extension_name, extension_source
@@ -84,7 +85,7 @@ class _Module:
 
 
 @pytest.fixture
-def fake_compiler(monkeypatch):
+def fake_compiler(monkeypatch, tmp_path):
     """torch's load_inline replaced by a stand-in that records PATH, edits os.environ as a build might, and fails
     for the first (-march=native) variant; ninja is found only through the `ninja` package."""
     import os
@@ -92,6 +93,7 @@ def fake_compiler(monkeypatch):
     import types
 
     seen = {}
+    monkeypatch.setenv("CAPSNET_EXTENSIONS", str(tmp_path / "extensions"))  # its build times are not this machine's
 
     def load_inline(*, name, extra_cflags, **_):
         seen.setdefault("path", os.environ["PATH"])
@@ -113,16 +115,18 @@ def test_a_build_prints_one_notice_and_leaves_the_environment_as_it_was(fake_com
 
     monkeypatch.setattr(extension, "is_built", lambda name: False)
     before = dict(os.environ)
-    module = extension.build_extension(CSRC / "routing_cpu.cpp", "capsnet_test", notice="compiling the test kernel")
+    module = extension.build_extension(CSRC / "routing_cpu.cpp", "capsnet_test", notice="the test kernel")
     assert isinstance(module, _Module) and fake_compiler["name"].startswith("capsnet_test_generic_")
     assert fake_compiler["path"].startswith("/the/ninja/bin" + os.pathsep)  # ninja was on PATH during the build
     assert dict(os.environ) == before  # PATH restored, the build's own variable gone
-    assert capsys.readouterr().err == "compiling the test kernel\n"
+    (line,) = capsys.readouterr().err.splitlines()  # one line, though the first flags failed and two were tried
+    assert line.startswith("capsnet: compiling the test kernel into ") and "CAPSNET_NO_EXT=1" in line
+    assert str(extension.extensions_root()) in line
 
 
 def test_a_cached_build_prints_no_notice(fake_compiler, monkeypatch, capsys):
     monkeypatch.setattr(extension, "is_built", lambda name: True)
-    extension.build_extension(CSRC / "routing_cpu.cpp", "capsnet_test", notice="compiling the test kernel")
+    extension.build_extension(CSRC / "routing_cpu.cpp", "capsnet_test", notice="the test kernel")
     assert capsys.readouterr().err == ""
 
 
@@ -156,8 +160,57 @@ def test_the_first_build_prints_exactly_one_line_and_keeps_os_environ(tmp_path):
         "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "CAPSNET_NO_EXT"}
-    env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "extensions")
+    env["CAPSNET_EXTENSIONS"] = str(tmp_path / "extensions")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("capsnet: compiling the fused CPU routing kernel"), lines
+
+
+def test_the_build_key_names_torch_python_and_the_compiler_and_changes_the_name():
+    key = extension.build_key()
+    assert key["torch"] == torch.__version__ and key["flavour"] in ("cpu", f"cuda{torch.version.cuda}")
+    assert set(key) == {"torch", "flavour", "python", "compiler"} and all(key.values())
+    names = {
+        extension_name("p", "source", "cpu", key),
+        extension_name("p", "source", "cpu", {**key, "torch": "2.99.0"}),
+        extension_name("p", "source", "cpu", {**key, "python": "cpython-399"}),
+        extension_name("p", "source", "cpu", {**key, "compiler": "clang 99"}),
+        extension_name("p", "source", "cpu", {**key, "flavour": "cuda99.0"}),
+    }
+    assert len(names) == 5
+
+
+def test_the_notice_quotes_this_machines_last_build(monkeypatch, tmp_path):
+    monkeypatch.setenv("CAPSNET_EXTENSIONS", str(tmp_path))
+    first = extension.build_notice("the kernel", "capsnet_k", tmp_path / "capsnet_k_0")
+    assert extension.TYPICAL_BUILD in first and str(tmp_path / "capsnet_k_0") in first
+    extension._record_build_s("capsnet_k", 41.26)
+    assert "the last build here took 41 s" in extension.build_notice("the kernel", "capsnet_k", tmp_path)
+
+
+TINY = """#include <torch/extension.h>
+torch::Tensor twice(torch::Tensor x) { return x * 2; }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("twice", &twice); }
+"""
+
+
+@pytest.mark.slow
+def test_two_build_keys_keep_two_builds_and_each_is_found_without_compiling(monkeypatch, tmp_path, capsys):
+    """Two venvs (here: two torch versions in the key) alternating on one machine: each build has its folder, and
+    loading either again compiles nothing (no notice line)."""
+    monkeypatch.setenv("CAPSNET_EXTENSIONS", str(tmp_path / "ext"))
+    source = tmp_path / "tiny.cpp"
+    source.write_text(TINY)
+    monkeypatch.setattr(extension, "_cpu_model", lambda: "this cpu")
+    keys = [{**extension.build_key(), "torch": version} for version in ("2.13.0", "2.99.0")]
+    for key in keys:
+        module = extension.build_extension(source, "capsnet_tiny", notice="the tiny kernel", key=key)
+        assert module.twice(torch.ones(2)).tolist() == [2.0, 2.0]
+    assert capsys.readouterr().err.count("capsnet: compiling the tiny kernel") == 2
+    built = sorted(p.name for p in (tmp_path / "ext").iterdir() if p.is_dir() and extension.is_built(p.name))
+    assert len(built) == 2 and built == sorted(extension_name("capsnet_tiny", TINY, "this cpu", key) for key in keys)
+    for key in keys:  # found again without compiling, in either order
+        assert extension.is_built(extension_name("capsnet_tiny", TINY, "this cpu", key))
+        extension.build_extension(source, "capsnet_tiny", notice="the tiny kernel", key=key)
+    assert "compiling" not in capsys.readouterr().err

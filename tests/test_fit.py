@@ -393,8 +393,8 @@ def test_fit_under_torchrun_two_cpu_processes(tmp_path, kind):
 
 # ------------------------------------------------------------------------------------------------ the README
 def _readme_fit_example() -> str:
-    """The README's Python block that calls capsnet.fit."""
-    text = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    """The Python block of docs/training.md that calls capsnet.fit on a Dataset of one's own."""
+    text = (Path(__file__).parents[1] / "docs" / "training.md").read_text(encoding="utf-8")
     blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
     (block,) = [b for b in blocks if "capsnet.fit(" in b]
     return block

@@ -1,4 +1,5 @@
-"""Every command in the README's ```sh blocks runs as written, checked without running it.
+"""Every command in the ```sh blocks of the README and of the pages in docs/ runs as written, checked without running
+it; the README's Python quickstart runs (slow), and the pages it links to exist.
 
 One line is one command. `capsnet ...`, `python -m capsnet ...` and `torchrun ... -m capsnet ...` must parse with
 the real command-line parser (and `capsnet train` must resolve its configs: a flag the chosen model does not take
@@ -124,15 +125,49 @@ def check_command(line: str, monkeypatch, capsys) -> None:
 
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+# The topic pages (the records of measurements, benchmarks/fidelity/results, quote their commands as they were run).
+RECORDS = {"benchmarks.md", "fidelity.md", "results.md"}
+PAGES = {p.name: p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md")) if p.name not in RECORDS}
+ALL_COMMANDS = [
+    (name, line) for name, text in [("README.md", README), *PAGES.items()] for line in readme_commands(text)
+]
 
 
-@pytest.mark.parametrize("line", readme_commands(README), ids=lambda line: line.split("#")[0].strip()[:70])
-def test_readme_command_runs_as_written(line, monkeypatch, capsys):
+COMMAND_IDS = [f"{page}: {line.split('#')[0].strip()[:60]}" for page, line in ALL_COMMANDS]
+
+
+@pytest.mark.parametrize(("page", "line"), ALL_COMMANDS, ids=COMMAND_IDS)
+def test_readme_command_runs_as_written(page, line, monkeypatch, capsys):
     check_command(line, monkeypatch, capsys)
 
 
+def test_the_readme_is_a_front_page_and_its_links_resolve():
+    assert len(README.splitlines()) <= 200
+    assert README.index("pip install") < README.index("```python") < README.index("## The models")
+    for target in re.findall(r"\]\((docs/[\w.-]+\.md)", README):
+        assert (ROOT / target).is_file(), f"README links to {target}, which does not exist"
+    assert {"training.md", "data.md", "models.md", "export.md", "cli.md"} <= set(PAGES)
+    import capsnet
+
+    for name in re.findall(r"capsnet\.(\w+)\(", README):  # every capsnet.X( the README calls exists
+        assert name in capsnet.__all__, name
+
+
+@pytest.mark.slow
+def test_the_python_quickstart_runs(tmp_path):
+    import os
+    import subprocess
+
+    code = re.search(r"```python\n(.*?)```", README, flags=re.S).group(1)
+    env = {**os.environ, "CAPSNET_NO_EXT": "1"}  # (the kernel build is not what this checks)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "runs" / "mine" / "best" / "model.safetensors").is_file()
+
+
 def test_readme_has_the_commands_it_documents():
-    lines = readme_commands(README)
+    lines = [line for _, line in ALL_COMMANDS]
     assert any(line.startswith("capsnet train") for line in lines)
     assert any(line.startswith("make check") for line in lines)
     assert any(line.startswith("python benchmarks/accuracy.py") for line in lines)

@@ -1,4 +1,5 @@
 import gzip
+import json
 import shutil
 import struct
 from pathlib import Path
@@ -252,6 +253,25 @@ def test_plot_functions_take_plain_inputs(tmp_path):
     (tmp_path / "summary.csv").write_text(SUMMARY.splitlines()[0] + "\n")
     with pytest.raises(CheckpointError, match="no epochs"):
         plot_curves(tmp_path, tmp_path / "curves.png")
+
+
+def test_the_curves_are_titled_with_the_runs_data_set(tmp_path, monkeypatch):
+    from capsnet.viz import figures
+
+    titles = []
+    monkeypatch.setattr(figures, "_save", lambda fig, out: titles.append(fig._suptitle.get_text()) or Path(out))
+    run = tmp_path / "mnist"  # a run folder whose name is not its data set's
+    run.mkdir()
+    (run / "summary.csv").write_text(SUMMARY)
+    plot_curves(run, tmp_path / "a.png")
+    (run / "config.json").write_text(json.dumps({"train": {"dataset": "mnist-sample"}}))
+    plot_curves(run, tmp_path / "b.png")
+    plot_curves(run, tmp_path / "c.png", dataset="fashion-mnist")
+    assert [t.split(",")[0] for t in titles] == [
+        "Training curves (mnist",
+        "Training curves (mnist-sample",
+        "Training curves (fashion-mnist",
+    ]
 
 
 def test_missing_matplotlib_is_a_clear_error(monkeypatch, tmp_path):

@@ -14,7 +14,8 @@ from ._version import __version__
 from .errors import CapsNetError, CheckpointError, ConfigError, DatasetError
 
 if TYPE_CHECKING:
-    from .models.capsnet import CapsNet, CapsNetConfig, CapsNetOutput
+    from .configs.capsnet import CapsNetConfig
+    from .models.capsnet import CapsNet, CapsNetOutput
     from .models.export import export_model
     from .models.factory import create_model, list_models
     from .models.pretrained import load_pretrained
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 # public name -> the module that defines it
 _LAZY: dict[str, str] = {
     "CapsNet": "models.capsnet",
-    "CapsNetConfig": "models.capsnet",
+    "CapsNetConfig": "configs.capsnet",
     "CapsNetOutput": "models.capsnet",
     "export_model": "models.export",
     "create_model": "models.factory",

@@ -183,7 +183,8 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, *, exclu
         if f.name in exclude or not f.init:
             continue
         help_text = f.metadata.get("help", "")
-        help_text = f"{help_text} (default: {field_default(f)})" if help_text else f"(default: {field_default(f)})"
+        if "(default" not in help_text:  # a help text that explains its default in words keeps its own
+            help_text = f"{help_text} (default: {field_default(f)})".strip()
         add_field_argument(group, f.name, hints[f.name], help_text)
 
 

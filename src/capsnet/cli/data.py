@@ -71,7 +71,24 @@ def cmd_info(args: argparse.Namespace) -> int:
     spec = resolve_augment("auto", ds.kind or "idx")
     crop = f"; test images centre-cropped to {spec.crop[0]}x{spec.crop[1]}" if spec.crop else ""
     print(f"augmentation (default): {spec}{crop} (capsnet train --augment changes it)")
+    md5s = _md5_lines(args)
+    if md5s:
+        print("files (MD5; `capsnet data check` compares them with the published ones):")
+        print("\n".join(md5s))
     return 0
+
+
+def _md5_lines(args: argparse.Namespace) -> list[str]:
+    """`  <md5>  <file>` for each file of the data set (its IDX files, or the one .npz file)."""
+    from ..data.datasets import resolve
+    from ..data.download import md5_file
+    from ..data.idx import find_files
+
+    _, folder, _ = resolve(args.name_or_dir, data_dir=args.data_dir)
+    if folder is None:
+        return []
+    files = find_files(folder) if folder.is_dir() else {folder.name: folder}
+    return [f"  {md5_file(path)}  {path.name}" for path in files.values()]
 
 
 def _check_file(path: Path, expected_md5: dict[str, str], strict: bool) -> tuple[bool, str, int | None]:

@@ -46,7 +46,10 @@ def run(args: argparse.Namespace) -> int:
     shape = ", ".join(map(str, (cfg.in_channels, *image_hw(cfg.image_size))))
     outputs = ", ".join(f"{name} [{', '.join(map(str, dims))}]" for name, dims in info["outputs"].items())
     opset = f" opset {info['opset']}" if "opset" in info else ""
-    print(f"wrote {info['path']}: {info['format']}{opset}, input images [B, {shape}] (B dynamic), outputs {outputs}")
+    print(
+        f"wrote {info['path']}: {info['format']}{opset}, input images [batch, {shape}] (batch dynamic), "
+        f"outputs {outputs}"
+    )
     if "max_abs_diff" in info:
         runner = "onnxruntime" if info["format"] == "ONNX" else "torch.export.load"
         print(f"checked: {runner} matches the PyTorch model within {info['max_abs_diff']:.2g} (tolerance {ATOL:g})")

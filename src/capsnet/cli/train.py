@@ -66,10 +66,10 @@ def _help(option: ModelOption) -> str:
     """`text (default: 9)` for one model; for several, each model's text (when they differ) and default."""
     (text, default), *others = option.models.values()
     if not others:
-        return f"{text} (default: {default})"
+        return text if "(default" in text else f"{text} (default: {default})"
     if all(t == text for t, _ in others):
         return f"{text} (default {'; '.join(f'{m}: {d}' for m, (_, d) in option.models.items())})"
-    return "; ".join(f"{m}: {t} (default: {d})" for m, (t, d) in option.models.items())
+    return "; ".join(t if "(default" in t else f"{m}: {t} (default: {d})" for m, (t, d) in option.models.items())
 
 
 def flags_of(model: str) -> list[str]:

@@ -126,7 +126,7 @@ def export_model(
         images = example_images(model, 3, seed=1)  # (the program was traced on 2)
         with evaluating(model), torch.no_grad():
             want = ExportedOutputs(model)(images)
-        info["outputs"] = {n: ["B", *t.shape[1:]] for n, t in zip(names, want, strict=True)}
+        info["outputs"] = {n: ["batch", *t.shape[1:]] for n, t in zip(names, want, strict=True)}
         if check:
             got = _run_file(tmp, path.suffix, images)
             diff = max((g.cpu() - w.cpu()).abs().max().item() for g, w in zip(got, want, strict=True))
@@ -181,6 +181,23 @@ def _write_onnx(model: nn.Module, program: torch.export.ExportedProgram, path: P
         "capsnet.outputs": ", ".join(names),
     })  # fmt: skip
     onnx_program.save(str(path), external_data=False)
+    _name_batch_axis(path)
+
+
+def _name_batch_axis(path: Path) -> None:
+    """Name the dynamic first axis of the file's inputs and outputs `batch` (the exporter writes a symbol such as
+    `s34`), wherever that symbol appears."""
+    import onnx
+
+    proto = onnx.load(str(path))
+    graph = proto.graph
+    symbols = {v.type.tensor_type.shape.dim[0].dim_param for v in graph.input if v.type.tensor_type.shape.dim}
+    symbols.discard("")
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in symbols:
+                dim.dim_param = "batch"
+    onnx.save(proto, str(path))
 
 
 def _run_file(path: Path, suffix: str, images: torch.Tensor) -> list[torch.Tensor]:

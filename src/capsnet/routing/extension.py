@@ -4,29 +4,37 @@ Each kernel is one C++ file in ``csrc/`` (``routing_cpu.cpp``: dynamic routing; 
 inverted dot-product attention routing); the building blocks they share are in ``csrc/routing_common.h``, which is
 spliced into a kernel's text in place of its ``#include "routing_common.h"`` line (:func:`extension_source`). The
 text is compiled with ``torch.utils.cpp_extension.load_inline`` (``-O3 -march=native -fopenmp``, or without
-``-march=native`` if that fails; needs a C++ compiler and ninja) and cached in torch's extension directory under a
-name that carries a hash of the CPU model and of the whole text (:func:`extension_name`): a change to the kernel or
-to the header gets a fresh build, never a stale one, and a cache shared between machines cannot hand one CPU code
-built for another.
+``-march=native`` if that fails; needs a C++ compiler and ninja) into capsnet's own cache, one folder per build
+(``~/.cache/capsnet/extensions/<name>``, or under ``$CAPSNET_EXTENSIONS``; :func:`extensions_root`). The name
+carries a hash of the whole text and of the build key (:func:`build_key`: the torch version, its CPU/CUDA flavour,
+the Python ABI, the compiler and the CPU model with its instruction-set flags), so two venvs or two torch versions
+on one machine never replace each other's build, a change to a kernel or its header gets a fresh build, and a
+cached build is loaded without compiling.
 
 :class:`LazyExtension` builds a kernel once per process (thread-safe), with one notice line on stderr when it
-compiles, and leaves os.environ as it found it; if it cannot be built, its `load` returns None after one warning,
-and the layers use their PyTorch computation. Whether a layer uses its kernel is the routing backend's choice
-(:mod:`capsnet.routing.backend`: "auto", "cpp" or "torch"); ``CAPSNET_NO_EXT=1`` disables the kernels.
+compiles (what, where, and how long the last build took on this machine), and leaves os.environ as it found it;
+if it cannot be built, its `load` returns None after one warning, and the layers use their PyTorch computation.
+Whether a layer uses its kernel is the routing backend's choice (:mod:`capsnet.routing.backend`: "auto", "cpp"
+or "torch"); ``CAPSNET_NO_EXT=1`` disables the kernels.
 A kernel's module (e.g. :mod:`capsnet.routing.dynamic_cpu`) exposes `load`, `available` and `applicable` from it.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import os
 import platform
 import re
 import shutil
+import subprocess
 import sys
+import sysconfig
 import threading
+import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -34,6 +42,7 @@ from types import ModuleType
 
 import torch
 
+from ..fileio import atomic_write_json
 from .backend import BACKENDS
 from .backend import resolve as resolve_backend
 
@@ -63,16 +72,74 @@ def build_environment() -> Iterator[None]:
                 os.environ[key] = value
 
 
-def is_built(name: str) -> bool:
-    """Whether torch's extension cache already holds the compiled extension `name` (so loading it is quick).
-    Makes the extension's (empty) folder in the cache when it is missing."""
-    try:
-        from torch.utils.cpp_extension import _get_build_directory
+# How long a first build of one kernel took on the development machine (2-core AMD EPYC, shared with other jobs;
+# docs/benchmarks.md), quoted until this machine has timed a build of its own.
+TYPICAL_BUILD = "80-170 s on a 2-core CPU"
 
-        folder = Path(_get_build_directory(name, verbose=False))
-    except Exception:  # a torch without this helper: assume a build
-        return False
-    return any(p.suffix in (".so", ".pyd") for p in folder.glob(f"{name}.*"))
+
+def extensions_root() -> Path:
+    """The folder holding capsnet's compiled kernels, one subfolder per build: `$CAPSNET_EXTENSIONS`, else
+    `~/.cache/capsnet/extensions` (not under `$CAPSNET_DATA`: a data cache of its own does not rebuild them)."""
+    env = os.environ.get("CAPSNET_EXTENSIONS")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "capsnet" / "extensions"
+
+
+def is_built(name: str) -> bool:
+    """Whether capsnet's kernel cache already holds the compiled extension `name` (so loading it is quick)."""
+    return any(p.suffix in (".so", ".pyd") for p in (extensions_root() / name).glob(f"{name}.*"))
+
+
+@functools.cache
+def compiler_id() -> str:
+    """The C++ compiler torch's builds use ($CXX, else c++) and the first line of its `--version`."""
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        done = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+        version = (done.stdout or done.stderr).strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        version = "unknown"
+    return f"{cxx}: {version}"
+
+
+def build_key() -> dict[str, str]:
+    """What a compiled kernel depends on besides its source text and the CPU: torch's version and flavour (cpu,
+    cudaX.Y, rocmX.Y), the Python ABI and the compiler."""
+    hip = getattr(torch.version, "hip", None)
+    flavour = f"cuda{torch.version.cuda}" if torch.version.cuda else (f"rocm{hip}" if hip else "cpu")
+    abi = sysconfig.get_config_var("SOABI") or sys.implementation.cache_tag or platform.python_version()
+    return {"torch": str(torch.__version__), "flavour": flavour, "python": str(abi), "compiler": compiler_id()}
+
+
+def _last_build_s(prefix: str) -> float | None:
+    try:
+        times = json.loads((extensions_root() / "build_times.json").read_text(encoding="utf-8"))
+        return float(times[prefix])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _record_build_s(prefix: str, seconds: float) -> None:
+    """Keep how long this machine took to build `prefix` (for the next notice); a cache that cannot be written
+    keeps nothing."""
+    path = extensions_root() / "build_times.json"
+    try:
+        times = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        if not isinstance(times, dict):
+            times = {}
+        times[prefix] = round(seconds, 1)
+        atomic_write_json(path, times)
+    except (OSError, ValueError):
+        pass
+
+
+def build_notice(what: str, prefix: str, folder: Path) -> str:
+    """The one line printed before a real compilation: what, where, and how long it takes here."""
+    last = _last_build_s(prefix)
+    took = f"the last build here took {last:.0f} s" if last is not None else f"{TYPICAL_BUILD}, less with more cores"
+    return (
+        f"capsnet: compiling {what} into {folder} (once per torch version, Python, compiler and CPU; {took}; "
+        "capsnet.routing.set_backend('torch') or CAPSNET_NO_EXT=1 skips it)"
+    )
 
 
 def _cpu_model() -> str:
@@ -95,38 +162,60 @@ def extension_source(source_path: Path) -> str:
     return _LOCAL_INCLUDE.sub(header, source_path.read_text())
 
 
-def extension_name(prefix: str, source: str, cpu: str | None) -> str:
-    """`prefix_<hash>`: the hash covers the source text and the CPU model (None: the generic build)."""
-    key = hashlib.sha1(f"{cpu or 'generic'}\n{source}".encode()).hexdigest()[:12]
-    return f"{prefix}_{key}" if cpu is not None else f"{prefix}_generic_{key}"
+def extension_name(prefix: str, source: str, cpu: str | None, key: Mapping[str, str] | None = None) -> str:
+    """`prefix_<hash>` (`prefix_generic_<hash>` when `cpu` is None: the build without -march=native): the hash covers
+    the source text, the CPU model and the build key (default: :func:`build_key`)."""
+    key = build_key() if key is None else key
+    text = "\n".join([cpu or "generic", *(f"{k}={key[k]}" for k in sorted(key)), source])
+    digest = hashlib.sha1(text.encode()).hexdigest()[:12]
+    return f"{prefix}_{digest}" if cpu is not None else f"{prefix}_generic_{digest}"
 
 
-def build_extension(source_path: Path, prefix: str, verbose: bool = False, *, notice: str | None = None) -> ModuleType:
-    """Compile the C++ file `source_path` (headers spliced in) with -march=native, else without; the extension is
-    named by :func:`extension_name`. `notice` is printed on stderr (one line) unless the build is cached. Raises
-    RuntimeError if neither builds. os.environ is left as it was (:func:`build_environment`)."""
+def build_extension(
+    source_path: Path,
+    prefix: str,
+    verbose: bool = False,
+    *,
+    notice: str | None = None,
+    key: Mapping[str, str] | None = None,
+) -> ModuleType:
+    """Compile the C++ file `source_path` (headers spliced in) with -march=native, else without, in its own folder
+    of :func:`extensions_root` named by :func:`extension_name`; a build already there is loaded without compiling.
+    Before a real compilation, one line on stderr names `notice` (what is built), where, and how long it takes.
+    Raises RuntimeError if neither builds. os.environ is left as it was (:func:`build_environment`)."""
     from torch.utils.cpp_extension import load_inline
 
     source = extension_source(source_path)
+    key = build_key() if key is None else key
     errors = []
     variants = (
-        (extension_name(prefix, source, _cpu_model()), ["-O3", "-march=native", "-mprefer-vector-width=512"]),
-        (extension_name(prefix, source, None), ["-O3"]),
+        (extension_name(prefix, source, _cpu_model(), key), ["-O3", "-march=native", "-mprefer-vector-width=512"]),
+        (extension_name(prefix, source, None, key), ["-O3"]),
     )
-    if notice and not is_built(variants[0][0]):  # (the first variant's folder is made by its build anyway)
-        print(notice, file=sys.stderr, flush=True)
     with build_environment():
         for name, flags in variants:
+            folder = extensions_root() / name
+            compiles = not is_built(name)
+            if notice and compiles:
+                print(build_notice(notice, prefix, folder), file=sys.stderr, flush=True)
+            start = time.perf_counter()
             try:
-                return load_inline(
+                folder.mkdir(parents=True, exist_ok=True)
+                module = load_inline(
                     name=name,
                     cpp_sources=[source],
                     extra_cflags=[*flags, "-fopenmp", "-std=c++17"],
                     extra_ldflags=["-fopenmp"],
+                    build_directory=str(folder),
                     verbose=verbose,
                 )
             except Exception as e:  # compiler/flag/ninja problems: try the next flags, then give up
                 errors.append(f"{name}: {type(e).__name__}: {e}")
+                notice = None  # one line per kernel, even when the first flags fail
+                continue
+            if compiles:
+                _record_build_s(prefix, time.perf_counter() - start)
+            return module
     raise RuntimeError("; ".join(errors))
 
 
@@ -160,12 +249,8 @@ class LazyExtension:
         if not self._tried:
             with self._lock:
                 if not self._tried:
-                    notice = (
-                        f"capsnet: compiling {self.what} (first use only, 30-60 s, then cached; "
-                        "capsnet.routing.set_backend('torch') or CAPSNET_NO_EXT=1 skips it)"
-                    )
                     try:
-                        self._module = build_extension(self.source_path, self.prefix, verbose, notice=notice)
+                        self._module = build_extension(self.source_path, self.prefix, verbose, notice=self.what)
                     except Exception as e:
                         self._error = f"{type(e).__name__}: {e}"
                         if not raise_errors:

@@ -112,6 +112,7 @@ class _Logger:
             dynamic_ncols=True,
             file=sys.stderr,
             mininterval=PROGRESS_EVERY_S,
+            disable=None,  # tqdm's convention: no bar when stderr is not a terminal (no \r lines in a captured log)
         )
 
     def step(self, bar, step: int, loss: torch.Tensor, sums: EpochSums) -> None:

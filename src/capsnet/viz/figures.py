@@ -9,6 +9,7 @@ Output is deterministic for a fixed checkpoint and seed (PNG metadata carries no
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -162,11 +163,13 @@ def plot_perturbation(
     return _save(fig, out)
 
 
-def plot_curves(summary: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Loss and accuracy per epoch from a run's summary.csv (or the run folder holding it)."""
+def plot_curves(summary: str | os.PathLike, out: str | os.PathLike, *, dataset: str | None = None) -> Path:
+    """Loss and accuracy per epoch from a run's summary.csv (or the run folder holding it), titled with the data
+    set's name: `dataset`, else the one the run's config.json records, else the run folder's name."""
     summary = Path(summary)
     if summary.is_dir():
         summary = summary / SUMMARY_NAME
+    dataset = dataset or _trained_on(summary.parent) or summary.parent.name
     rows = read_summary(summary)
     if not rows:
         raise CheckpointError(f"{summary}: no epochs recorded yet")
@@ -207,8 +210,17 @@ def plot_curves(summary: str | os.PathLike, out: str | os.PathLike) -> Path:
             ax.set_xticks(sorted({int(e) for e in epochs if math.isfinite(e)}))
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=9)
-    fig.suptitle(f"Training curves ({summary.parent.name}, {len(epochs)} epochs)", fontsize=11)
+    fig.suptitle(f"Training curves ({dataset}, {len(epochs)} epochs)", fontsize=11)
     return _save(fig, out)
+
+
+def _trained_on(run_dir: Path) -> str | None:
+    """The data set a run folder's config.json records (`train.dataset`; a path by its folder's name), or None."""
+    try:
+        name = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["train"]["dataset"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return Path(name).name if isinstance(name, str) and name else None
 
 
 def confusion_matrix(model, split: Split, *, batch_size: int = 100, limit: int | None = None) -> torch.Tensor:
