@@ -141,10 +141,12 @@ def _decode(path: Path, size: tuple[int, int], channels: int) -> np.ndarray | No
     """uint8 [C, H, W] of the image converted and resized, or None if it cannot be decoded."""
     Image = _pillow()
     try:
-        with Image.open(path) as im:
-            check_pixels(path, im.size)  # (a decompression bomb is skipped as unreadable)
-            im.load()
-            img = im.convert("L" if channels == 1 else "RGB")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # (check_pixels is the stricter guard)
+            with Image.open(path) as im:
+                check_pixels(path, im.size)  # (a decompression bomb is skipped as unreadable)
+                im.load()
+                img = im.convert("L" if channels == 1 else "RGB")
         if img.size != (size[1], size[0]):
             img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
         arr = np.asarray(img, dtype=np.uint8)

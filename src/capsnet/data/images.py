@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -21,10 +22,12 @@ def _open_image(path: str | Path, channels: int):
     if not path.is_file():
         raise DatasetError(f"{path}: no such image file")
     try:
-        with Image.open(path) as im:
-            check_pixels(path, im.size)  # (from the header, before decoding)
-            im.load()
-            return im.convert("L" if channels == 1 else "RGB")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # (check_pixels is the stricter guard)
+            with Image.open(path) as im:
+                check_pixels(path, im.size)  # (from the header, before decoding)
+                im.load()
+                return im.convert("L" if channels == 1 else "RGB")
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, SyntaxError) as e:
         raise DatasetError(f"{path}: not a readable image ({e})") from None
 

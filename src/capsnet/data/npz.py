@@ -35,8 +35,12 @@ def _check_declared_sizes(path: Path) -> None:
     .npy headers alone: a small compressed file may declare gigabytes."""
     try:
         size = path.stat().st_size
-        with zipfile.ZipFile(path) as archive:
-            for member in archive.infolist():
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return  # (not a zip archive: np.load below says why, in its words)
+    with archive:
+        for member in archive.infolist():
+            try:
                 with archive.open(member) as f:
                     version = np.lib.format.read_magic(f)
                     read = (
@@ -45,11 +49,15 @@ def _check_declared_sizes(path: Path) -> None:
                         else np.lib.format.read_array_header_2_0
                     )
                     shape, _, dtype = read(f)
-                why = array_too_large(math.prod(shape), dtype.itemsize, size)
-                if why:
-                    raise DatasetError(f"{path}: {member.filename}: {why}")
-    except (ValueError, zipfile.BadZipFile, EOFError, OSError):
-        return  # (not readable as .npy members: np.load below says why, in its words)
+            except MemoryError:
+                raise
+            except Exception as e:  # (numpy parses the header as Python literals: many error types)
+                raise DatasetError(
+                    f"{path}: {member.filename} is not a readable .npy array ({type(e).__name__})"
+                ) from None
+            why = array_too_large(math.prod(shape), dtype.itemsize, size)
+            if why:
+                raise DatasetError(f"{path}: {member.filename}: {why}")
 
 
 def load_npz(path: str | os.PathLike, *, name: str | None = None, source: str | None = None) -> Dataset:

@@ -1,0 +1,331 @@
+"""Hostile input: every file the CLI takes, in the variants an attacker or an accident makes (corrupt, truncated,
+empty, of the wrong type, not UTF-8, with a header declaring far more than the file holds, a symlink that leads
+nowhere), ends in one line on stderr, exit status 2, and nothing written. The variants are generated from one good
+file of each kind (VARIANTS); the ones that used to claim gigabytes run in a subprocess under an address-space cap
+(RLIMIT_AS, slow). The limits are capsnet.limits; docs/security.md lists them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import small_config
+from safetensors.torch import save_file
+
+from capsnet import CapsNet
+from capsnet.cli import main
+from capsnet.fileio import atomic_open, temporary_beside
+from capsnet.limits import MAX_CLASSES, MAX_IMAGE_SIDE
+
+ROOT = Path(__file__).resolve().parents[1]
+# The address space a hostile-input subprocess may use: importing torch and evaluating a small model fits in
+# 1 GB here (measured: `import capsnet.cli` under RLIMIT_AS of 1 GB); 3 GB leaves room and is far below the
+# 4 to 23 GB the files below claimed before they were checked.
+AS_LIMIT = 3 << 30
+
+
+def _variants(good: bytes) -> dict[str, bytes]:
+    """The generic variants of a good file's bytes."""
+    middle = len(good) // 2  # (corrupt: bytes of the header flipped; a flip in raw data is data, found by no check)
+    return {
+        "corrupt": good[:12] + bytes(b ^ 0x5A for b in good[12:76]) + good[76:],
+        "truncated": good[:middle],
+        "empty": b"",
+        "wrong-type": b"\x89PNG\r\n\x1a\n" + bytes(100),
+        "non-utf8": b"\xff\xfe\xfa" + good[3:],
+        "text": b"hello, this is a text file\n" * 4,
+    }
+
+
+def _png(width: int, height: int) -> bytes:
+    """A valid PNG header declaring width × height greyscale pixels, with one tiny IDAT (a decompression bomb)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    )
+
+
+def _safetensors_header(shape: list[int]) -> bytes:
+    header = json.dumps({"w": {"dtype": "F32", "shape": shape, "data_offsets": [0, 4]}}).encode()
+    return struct.pack("<Q", len(header)) + header + bytes(4)
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("good")
+    CapsNet(config=small_config()).save_pretrained(tmp / "model")
+    from PIL import Image
+
+    Image.fromarray(np.full((28, 28), 200, np.uint8)).save(tmp / "digit.png")
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, (8, 28, 28), dtype=np.uint8)
+    np.savez(tmp / "data.npz", x_train=x, y_train=np.arange(8) % 2, x_test=x, y_test=np.arange(8) % 2)
+    (tmp / "config.yaml").write_text("epochs: 1\nbatch_size: 4\n")
+    torch.save({"w": torch.zeros(2)}, tmp / "weights.pt")
+    return {"dir": tmp, **{p.stem.replace(".", "_"): p for p in tmp.iterdir()}}
+
+
+def _cases(good_dir: Path, out: Path) -> list[tuple[str, list[str]]]:
+    """(case id, argv) for every variant of every file kind, each written under `out`."""
+    model, cases = good_dir / "model", []
+    config = (model / "config.json").read_bytes()
+    weights = (model / "model.safetensors").read_bytes()
+    meta = json.loads(config)
+
+    def folder(name: str, config_bytes: bytes = config, weights_bytes: bytes = weights) -> Path:
+        path = out / name
+        path.mkdir(parents=True)
+        (path / "config.json").write_bytes(config_bytes)
+        (path / "model.safetensors").write_bytes(weights_bytes)
+        return path
+
+    image = str(good_dir / "digit.png")
+    for kind, body in _variants(config).items():
+        cases.append((f"config.json {kind}", ["predict", "--checkpoint", str(folder(f"c-{kind}", body)), image]))
+    odd_configs = {
+        "model_type list": {**meta, "model_type": ["capsnet"]},
+        "model_type null": {**meta, "model_type": None},
+        "config null": {**meta, "config": None},
+        "image_size 1e9": {**meta, "config": {**meta["config"], "image_size": 10**9}},
+        "n_classes 1e7": {**meta, "config": {**meta["config"], "n_classes": 10**7}},
+        "conv_channels 1e6": {**meta, "config": {**meta["config"], "conv_channels": 10**6}},
+    }
+    for kind, value in odd_configs.items():
+        path = folder(f"c-{kind.replace(' ', '-')}", json.dumps(value).encode())
+        cases.append((f"config.json {kind}", ["predict", "--checkpoint", str(path), image]))
+    deep = b'{"model_type": ' + b"[" * 100_000 + b"]" * 100_000 + b', "config": {}}'
+    cases.append(("config.json deeply nested", ["predict", "--checkpoint", str(folder("c-deep", deep)), image]))
+    state = {k: v.clone() for k, v in CapsNet(config=small_config()).state_dict().items()}
+    save_file({k: v.to(torch.int8) for k, v in state.items()}, out / "int8.safetensors")
+    save_file({k: v.fill_(float("nan")) for k, v in state.items()}, out / "nan.safetensors")
+    weight_variants = {
+        **_variants(weights),
+        "int8": (out / "int8.safetensors").read_bytes(),
+        "nan": (out / "nan.safetensors").read_bytes(),
+        "oversized-header": _safetensors_header([10**6, 10**6]),
+    }
+    for kind, body in weight_variants.items():
+        path = folder(f"w-{kind}", weights_bytes=body)
+        cases.append((f"model.safetensors {kind}", ["predict", "--checkpoint", str(path), image]))
+    for kind, body in {
+        **_variants((good_dir / "digit.png").read_bytes()),
+        "bomb": _png(60000, 60000),
+        "81 megapixels": _png(9000, 9000),
+    }.items():
+        (out / f"i-{kind}.png").write_bytes(body)
+        cases.append((f"image {kind}", ["predict", "--checkpoint", str(model), str(out / f"i-{kind}.png")]))
+    x = np.zeros((4, 28, 28), np.uint8)
+    npz = {
+        "empty arrays": dict(x_test=np.zeros((0, 28, 28), np.uint8), y_test=np.zeros(0, np.int64)),
+        "labels 1e9": dict(x_test=x, y_test=np.array([0, 1, 2, 10**9])),
+        "float images": dict(x_test=x.astype(np.float32), y_test=np.arange(4)),
+    }
+    for kind, arrays in npz.items():
+        np.savez(out / f"d-{kind.replace(' ', '-')}.npz", **arrays)
+    for kind, body in _variants((good_dir / "data.npz").read_bytes()).items():
+        (out / f"d-{kind}.npz").write_bytes(body)
+    for path in sorted(out.glob("d-*.npz")):
+        cases.append((f"npz {path.stem[2:]}", ["evaluate", "--checkpoint", str(model), "--dataset", str(path)]))
+    yaml = {**_variants((good_dir / "config.yaml").read_bytes()), "alias bomb": _yaml_bomb(),
+            "huge": b"epochs: 1\n" + b"#" * (2 << 20)}  # fmt: skip
+    for kind, body in yaml.items():
+        if kind in ("corrupt", "truncated"):  # (still valid YAML of a few keys)
+            continue
+        path = out / f"y-{kind.replace(' ', '-')}.yaml"
+        path.write_bytes(body)
+        cases.append((f"yaml {kind}", ["train", "--config", str(path), "--out", str(out / "run")]))
+    for kind, body in _variants((good_dir / "weights.pt").read_bytes()).items():
+        (out / f"p-{kind}.pt").write_bytes(body)
+        argv = ["convert", "xifengguo-capsnet", str(out / f"p-{kind}.pt"), "--out", str(out / "converted")]
+        cases.append((f"state.pt {kind}", argv))
+    os.symlink(out / "nowhere", out / "dangling")
+    os.symlink(out / "loop", out / "loop")
+    for kind in ("dangling", "loop"):
+        cases.append((f"symlink {kind} checkpoint", ["predict", "--checkpoint", str(out / kind), image]))
+        cases.append((f"symlink {kind} image", ["predict", "--checkpoint", str(model), str(out / kind)]))
+        cases.append((f"symlink {kind} yaml", ["train", "--config", str(out / kind), "--out", str(out / "run")]))
+    return cases
+
+
+def _yaml_bomb() -> bytes:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.fixture(scope="module")
+def cases(good, tmp_path_factory):
+    out = tmp_path_factory.mktemp("hostile")
+    return out, dict(_cases(good["dir"], out))
+
+
+def _listing(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+def test_every_hostile_file_is_one_line_exit_2_and_writes_nothing(cases, monkeypatch, tmp_path, capsys):
+    out, argvs = cases
+    monkeypatch.setenv("CAPSNET_DATA", str(tmp_path / "cache"))
+    assert len(argvs) >= 50
+    failures = []
+    for case, argv in argvs.items():
+        before = _listing(out)
+        code = main(argv)
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        if code != 2 or len(lines) != 1 or "Traceback" in err or not lines[0].startswith("capsnet "):
+            failures.append(f"{case}: exit {code}, stderr {err[-300:]!r}")
+        elif _listing(out) != before:
+            failures.append(f"{case}: wrote {sorted(_listing(out) - before)}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize(
+    ("case", "words"),
+    [
+        ("config.json model_type list", "model_type must be a string, got list"),
+        ("config.json image_size 1e9", f"image_size: 1000000000 is more than the limit of {MAX_IMAGE_SIDE:,}"),
+        ("config.json n_classes 1e7", f"n_classes: 10000000 is more than the limit of {MAX_CLASSES:,}"),
+        ("config.json conv_channels 1e6", "parameters, more than the limit of 500,000,000 (MAX_PARAMETERS)"),
+        ("config.json deeply nested", "nested too deeply"),
+        ("config.json non-utf8", "not UTF-8 text"),
+        ("model.safetensors int8", "holds int8, the model's is float32"),
+        ("model.safetensors nan", "holds NaN or infinite values"),
+        ("image bomb", "could be decompression bomb DOS attack"),  # (Pillow's own guard, at twice its default)
+        ("image 81 megapixels", "9000×9000 pixels is more than the 64,000,000 an image may have (MAX_IMAGE_PIXELS)"),
+        ("npz labels-1e9", "labels reach 1,000,000,000; at most 100,000 classes (MAX_CLASSES)"),
+        ("npz empty-arrays", "holds no images"),
+        ("yaml alias bomb", "YAML aliases (*name) are not accepted"),
+        ("yaml huge", "larger than the 1,048,576 bytes a config file may have"),
+        ("yaml non-utf8", "not UTF-8 text"),
+        ("state.pt text", "not a PyTorch checkpoint that loads with weights_only=True"),
+    ],
+)
+def test_the_line_says_what_is_wrong(cases, case, words, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("CAPSNET_DATA", str(tmp_path / "cache"))
+    assert main(cases[1][case]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_capsnet_debug_prints_the_whole_traceback(cases, capsys, monkeypatch):
+    monkeypatch.setenv("CAPSNET_DEBUG", "1")
+    assert main(cases[1]["config.json model_type list"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and err.strip().splitlines()[-1].startswith("capsnet predict: error: ")
+
+
+def test_a_bug_keeps_its_traceback(good, monkeypatch):
+    from capsnet.cli import build_parser
+
+    argv = ["predict", "--checkpoint", str(good["dir"] / "model"), str(good["digit"])]
+    func = build_parser().parse_args(argv).func
+
+    def bug(args):
+        raise IndexError("a bug")
+
+    monkeypatch.setattr(sys.modules[func.__module__], func.__name__, bug)
+    with pytest.raises(IndexError, match="a bug"):
+        main(argv)
+
+
+def test_input_errors_of_every_kind_are_one_line():
+    from capsnet.cli import input_error_line
+
+    assert input_error_line(PermissionError(13, "Permission denied", "/w/model.safetensors")) == (
+        "/w/model.safetensors: Permission denied"
+    )
+    assert input_error_line(MemoryError()).startswith("out of memory")
+    assert "wrong encoding" in input_error_line(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"))
+    from PIL import Image
+
+    assert "too large to decode" in input_error_line(Image.DecompressionBombError("big"))
+    for bug in (IndexError("x"), KeyError("x"), TypeError("x"), RecursionError()):
+        assert input_error_line(bug) is None
+
+
+def test_a_full_disk_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+    from capsnet import fileio
+    from capsnet.cli import os_error_line
+
+    target = tmp_path / "state.pt"
+    target.write_bytes(b"the last checkpoint")
+
+    def full(fd):
+        raise OSError(28, "No space left on device")  # (what a write or fsync on a full disk raises: no file name)
+
+    monkeypatch.setattr(fileio.os, "fsync", full)
+    with pytest.raises(OSError) as caught, atomic_open(target, "wb") as f:
+        f.write(b"x" * 10)
+    assert os_error_line(caught.value) == f"{target}: No space left on device"
+    assert target.read_bytes() == b"the last checkpoint"
+    assert [p.name for p in tmp_path.iterdir()] == ["state.pt"]
+
+
+def test_a_planted_symlink_is_never_followed(tmp_path, monkeypatch):
+    """Every temporary name is random (mkstemp, O_EXCL): a symlink planted at any name a writer could pick is left
+    alone, and the file it points to is untouched."""
+    import tempfile
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("another user's file")
+    names = iter(["planted"] * 3 + ["fresh"] * 100)
+    monkeypatch.setattr(tempfile, "_get_candidate_names", lambda: names)
+    os.symlink(victim, tmp_path / ".model.onnx.planted.tmp.onnx")
+    os.symlink(victim, tmp_path / ".state.pt.planted.tmp")
+    with temporary_beside(tmp_path / "model.onnx", suffix=".onnx") as tmp:
+        assert tmp.name == ".model.onnx.fresh.tmp.onnx" and not tmp.is_symlink()
+        tmp.write_bytes(b"export")
+    with atomic_open(tmp_path / "state.pt") as f:
+        f.write(b"state")
+    assert victim.read_text() == "another user's file" and (tmp_path / "state.pt").read_bytes() == b"state"
+
+
+def test_export_writes_through_a_random_temporary(tmp_path, monkeypatch):
+    """models/export.py's temporary file is mkstemp's, beside --out: a symlink at the old fixed name is ignored."""
+    from capsnet import export_model
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("another user's file")
+    os.symlink(victim, tmp_path / ".model.tmp.pt2")
+    model = CapsNet(config=small_config())
+    pytest.importorskip("torch.export")
+    export_model(model, tmp_path / "model.pt2", check=False)
+    assert victim.read_text() == "another user's file" and (tmp_path / "model.pt2").stat().st_size > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.tmp.pt2", "model.pt2", "victim.txt"]
+
+
+def test_capsnet_mirrors_that_is_not_a_url_is_one_line(monkeypatch):
+    from capsnet.data.download import mirror_list
+    from capsnet.errors import ConfigError
+
+    monkeypatch.setenv("CAPSNET_MIRRORS", "ftp//nowhere, http://ok.example/")
+    with pytest.raises(ConfigError, match=r"CAPSNET_MIRRORS: 'ftp//nowhere' is not an http\(s\):// URL"):
+        mirror_list("mnist")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["npz labels-1e9", "yaml alias bomb", "config.json image_size 1e9", "image bomb"])
+def test_under_an_address_space_cap(cases, case, tmp_path):
+    """The files that claimed gigabytes, in a subprocess whose address space is capped at AS_LIMIT: one line."""
+    code = (
+        "import resource, sys\n"
+        f"resource.setrlimit(resource.RLIMIT_AS, ({AS_LIMIT}, {AS_LIMIT}))\n"
+        "from capsnet.cli import main\n"
+        f"sys.exit(main({cases[1][case]!r}))\n"
+    )
+    env = {**os.environ, "CAPSNET_DATA": str(tmp_path / "cache")}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr[-500:]
