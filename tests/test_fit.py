@@ -119,7 +119,7 @@ def test_fit_a_dataloader_without_validation_says_what_best_is_chosen_on(tmp_pat
     result = capsnet.fit(_tiny(), loader, test_data=test, epochs=2, out=tmp_path / "a", lr=1e-2, **QUIET)
     err = capsys.readouterr()
     assert err.err.count("best/ is chosen on test_data") == 1 and "batch size" not in err.out  # (the loader's own)
-    assert result.best["metric"] == "test_acc" and "maximum over epochs" in result.test["note"]
+    assert result.best["metric"] == "test_loss" and "maximum over epochs" in result.test["note"]
     assert result.test["last"]["n"] == 40
     # With neither validation nor test data: best/ is the epoch of the lowest training loss, and no test.json.
     result = capsnet.fit(_tiny(), loader, epochs=2, out=tmp_path / "b", lr=1e-2, **QUIET)
@@ -411,8 +411,8 @@ def test_the_readmes_fit_example_runs_as_written(tmp_path, monkeypatch, capsys):
     exec(compile(code.replace("epochs=10", "epochs=1"), "README.md", "exec"), {"__name__": "readme"})
     assert (tmp_path / "runs" / "shapes" / "test.json").is_file()
     report = json.loads((tmp_path / "runs" / "shapes" / "test.json").read_text())
-    assert report["selected_on"] == "val_acc" and report["best"]["n"] == 10
-    assert "'metric': 'val_acc'" in capsys.readouterr().out
+    assert report["selected_on"] == "val_loss" and report["best"]["n"] == 10
+    assert "'metric': 'val_loss'" in capsys.readouterr().out
 
 
 def test_a_resumed_fit_takes_the_settings_not_given_from_the_run(tmp_path):

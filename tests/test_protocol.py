@@ -78,12 +78,12 @@ def test_best_follows_validation_and_the_test_split_is_read_once_at_the_end(tmp_
     assert reads == ["val", "val", "val", "test", "test"]  # one val per epoch; test twice (last/, best/) at the end
     rows = read_summary(tmp_path / "run")
     assert all(0 <= r["val_acc"] <= 1 and math.isnan(r["test_acc"]) for r in rows)
-    best_epoch = max(rows, key=lambda r: (r["val_acc"], -r["epoch"]))["epoch"]  # the first epoch of the highest
+    best_epoch = min(result.history, key=lambda r: (r["val_loss"], r["epoch"]))["epoch"]  # the default monitor's
     info = checkpoint_info(tmp_path / "run" / "best")
-    assert info["epoch"] == best_epoch == result.best["epoch"] and info["selected_on"] == "val_acc"
-    assert info["value"] == pytest.approx(rows[int(best_epoch) - 1]["val_acc"], abs=1e-6)
+    assert info["epoch"] == best_epoch == result.best["epoch"] and info["selected_on"] == "val_loss"
+    assert info["value"] == pytest.approx(rows[int(best_epoch) - 1]["val_loss"], rel=1e-5)
     report = json.loads((tmp_path / "run" / TEST_NAME).read_text())
-    assert report == result.test and report["selected_on"] == "val_acc" and "note" not in report
+    assert report == result.test and report["selected_on"] == "val_loss" and "note" not in report
     assert report["best"]["epoch"] == best_epoch and report["last"]["epoch"] == 3 and report["best"]["n"] == 30
     meta = json.loads((tmp_path / "run" / "config.json").read_text())
     assert meta["validation"] == {"source": "held out of the training split", "fraction": 0.1, "seed": 0, "n": 6}
@@ -98,7 +98,7 @@ def test_val_fraction_zero_warns_and_chooses_on_the_test_set(tmp_path, capsys):
     result = train(_config(tmp_path, val_fraction=0.0, epochs=1), small_config(**TINY_MODEL))
     err = capsys.readouterr().err
     assert err.count("best/ is chosen on the test set") == 1
-    assert result.best["metric"] == "test_acc" and "maximum over epochs" in result.test["note"]
+    assert result.best["metric"] == "test_loss" and "maximum over epochs" in result.test["note"]
     assert not math.isnan(read_summary(tmp_path / "run")[0]["test_acc"])
 
 
@@ -107,7 +107,7 @@ def test_evaluate_says_which_checkpoint_it_scored_and_how_it_was_chosen(tmp_path
     capsys.readouterr()
     assert main(["evaluate", "--checkpoint", str(tmp_path / "run")]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith("scored ") and "best (epoch 1, chosen on validation accuracy" in first
+    assert first.startswith("scored ") and "best (epoch 1, chosen on validation loss" in first
     assert main(["evaluate", "--checkpoint", str(tmp_path / "run" / "last")]) == 0
     assert "(epoch 1, the run's last checkpoint)" in capsys.readouterr().out
 

@@ -139,7 +139,7 @@ def test_quick_reproduction_reports_every_seed_resumes_and_skips(tmp_path, capsy
     assert [r["seed"] for r in model["seeds"]] == [0, 1] and report["quick"]
     for row, acc in zip(model["seeds"], model["test_accs"], strict=True):
         test = json.loads((Path(row["run_dir"]) / "test.json").read_text())
-        assert test["selected_on"] == "val_acc" and acc == pytest.approx(100 * test["best"]["accuracy"])
+        assert test["selected_on"] == "val_loss" and acc == pytest.approx(100 * test["best"]["accuracy"])
         assert test["best"]["n"] == 200  # the stand-in's test split, scored once at the end
         config = json.loads((Path(row["run_dir"]) / "config.json").read_text())
         assert config["train"]["val_fraction"] == 0.1 and config["model"]["channels"] == [4, 4, 6, 6, 6, 8, 8, 8, 8]

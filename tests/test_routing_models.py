@@ -239,7 +239,7 @@ def test_capsnet_routing_option_round_trip(tmp_path, routing):
 def test_cli_trains_evaluates_and_predicts_each_model(tmp_path, capsys, name):
     out = tmp_path / "run"
     assert main(["train", "--model", name, "--out", str(out), *QUICK, *SMALL[name]]) == 0
-    assert "done: best/ is epoch 1 (chosen on validation accuracy)" in capsys.readouterr().out
+    assert "done: best/ is epoch 1 (chosen on validation loss)" in capsys.readouterr().out
     model = load_pretrained(out / "best")
     assert type(model) is MODELS[name]
     test = load_dataset("mnist-sample").test

@@ -245,3 +245,15 @@ def test_under_torchrun_the_ranks_average_alike_and_rank_0_saves_it(tmp_path, rg
         assert torch.equal(a["weights"][key], b["weights"][key]) and torch.equal(
             a["weights"][key], saved["weights"][key]
         ), key
+
+
+def test_the_average_leaves_the_training_of_the_raw_weights_unchanged(tmp_path, rgb):
+    """--ema only watches: the raw weights and their history are those of the same run without it (so one --ema
+    run also gives the run without, as benchmarks/screen_selection.py reads it)."""
+    common = dict(dataset=str(rgb), batch_size=8, epochs=1, progress=False, tensorboard=False, device="cpu",
+                  val_fraction=0.25)  # fmt: skip
+    train(TrainConfig(out=str(tmp_path / "plain"), **common), small_config(kernel_size=5))
+    train(TrainConfig(out=str(tmp_path / "ema"), ema=0.9, **common), small_config(kernel_size=5))
+    a, b = load_state(tmp_path / "plain"), load_state(tmp_path / "ema")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert a["history"][0]["val_loss"] == b["history"][0]["val_loss"] and "ema" not in a
