@@ -13,6 +13,7 @@ from .nn.primary import PrimaryCapsules
 from .nn.squash import Squash, squash
 from .routing.dynamic import Router, RoutingResult, dynamic_routing
 from .training.fit import fit
+from .viz.explore import explore
 
 __all__ = [
     "CapsNet",
@@ -32,6 +33,7 @@ __all__ = [
     "capsule_lengths",
     "create_model",
     "dynamic_routing",
+    "explore",
     "export_model",
     "fit",
     "list_models",

@@ -32,6 +32,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("models", "capsnet.cli.models"),
     ("export", "capsnet.cli.export"),
     ("convert", "capsnet.cli.convert"),
+    ("explore", "capsnet.cli.explore"),
 ]
 
 
