@@ -236,8 +236,7 @@ def heatmap_rgb(values: torch.Tensor, *, scale: int = 24) -> torch.Tensor:
     rgb = torch.from_numpy(colormaps["viridis"](norm.numpy())[..., :3]).float()
     if v.shape[0] == 1:  # a strip: keep it readable
         scale = max(4, min(scale, 600 // max(1, v.shape[1])))
-    big = rgb.repeat_interleave(scale, 0).repeat_interleave(scale, 1)
-    return (big * 255).round().to(torch.uint8)
+    return _enlarge((rgb * 255).round().to(torch.uint8), scale)
 
 
 def image_rgb(image: torch.Tensor, *, scale: int = 6) -> torch.Tensor:
@@ -248,8 +247,13 @@ def image_rgb(image: torch.Tensor, *, scale: int = 6) -> torch.Tensor:
         img = torch.cat(list(img), dim=-1)[None]
     if img.shape[0] == 1:
         img = img.expand(3, -1, -1)
-    big = img.permute(1, 2, 0).repeat_interleave(scale, 0).repeat_interleave(scale, 1)
-    return (big * 255).round().to(torch.uint8)
+    return _enlarge((img.permute(1, 2, 0) * 255).round().to(torch.uint8), scale)
+
+
+def _enlarge(rgb: torch.Tensor, scale: int) -> torch.Tensor:
+    """[h, w, 3] uint8 -> [h·scale, w·scale, 3], each pixel a scale×scale block (numpy: no thread pool to wake,
+    which under a loaded CPU costs more than the copy)."""
+    return torch.from_numpy(rgb.numpy().repeat(scale, axis=0).repeat(scale, axis=1))
 
 
 def pose_side(pose_dim: int) -> int:
