@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .nn.squash import Squash, squash
     from .routing.dynamic import Router, RoutingResult, dynamic_routing
     from .training.fit import fit
+    from .viz.explore import explore
 
 # public name -> the module that defines it
 _LAZY: dict[str, str] = {
@@ -48,6 +49,7 @@ _LAZY: dict[str, str] = {
     "RoutingResult": "routing.dynamic",
     "dynamic_routing": "routing.dynamic",
     "fit": "training.fit",
+    "explore": "viz.explore",
 }
 
 
@@ -82,6 +84,7 @@ __all__ = [
     "capsule_lengths",
     "create_model",
     "dynamic_routing",
+    "explore",
     "export_model",
     "fit",
     "list_models",

@@ -36,6 +36,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("models", "capsnet.cli.models"),
     ("export", "capsnet.cli.export"),
     ("convert", "capsnet.cli.convert"),
+    ("explore", "capsnet.cli.explore"),
 ]
 # Each subcommand's line in `capsnet --help`, here so that the list needs none of the modules.
 HELP: dict[str, str] = {
@@ -49,6 +50,7 @@ HELP: dict[str, str] = {
     "models": "list the models: parameters, paper, data they were designed for, shipped weights",
     "export": "export a model to ONNX (.onnx) or torch.export (.pt2), with a dynamic batch axis",
     "convert": "convert published weights into a save_pretrained folder",
+    "explore": "a local web page: capsule lengths, poses, reconstructions, routing",
 }
 
 
