@@ -12,13 +12,15 @@ import torch
 
 from ..data.datasets import load_dataset
 from ..data.imageaug import center_crop
+from ..data.images import image_hw as image_file_hw
 from ..data.images import load_image, load_image_resized
-from ..data.scaling import model_scaling
-from ..data.split import Dataset, Split, to_float
+from ..data.scaling import channel_stats
+from ..data.split import Dataset, Split
 from ..errors import ConfigError, DatasetError
 from ..models.hub import is_ref, read_card, resolve_ref
 from ..models.inputs import image_hw
 from ..models.pretrained import load_pretrained
+from ..models.recipe import InputRecipe, model_input
 from . import distributed as dist_utils
 from .checkpoint import checkpoint_info, resolve_checkpoint
 from .config import upgrade_train_dict
@@ -67,9 +69,10 @@ def evaluate(
     matrix (rows: true class, columns: predicted). Under torchrun each rank takes every world_size-th
     image and the counts are summed over ranks.
 
-    A capsnet model is fed what its config records (scaling, centre crop) and has its n_classes. A module of one's
-    own (capsnet.fit's protocol) gets the images ÷ 255, and the classes are those of the labels (0 ... max label);
-    a prediction outside them counts as wrong (and in no column of the confusion matrix).
+    Every batch reaches the model through its input recipe (:func:`capsnet.models.recipe.model_input`: centre crop,
+    scaling; a model that standardizes each channel, with `split`'s own statistics). A module of one's own
+    (capsnet.fit's protocol) without a recipe gets the images ÷ 255, and the classes are those of the labels
+    (0 ... max label); a prediction outside them counts as wrong (and in no column of the confusion matrix).
     """
     dist = dist or dist_utils.DistInfo()
     device = torch.device(device)
@@ -78,14 +81,13 @@ def evaluate(
     cfg = _input_config(model)
     n_classes: int = cfg.n_classes if cfg is not None else int(split.labels.max()) + 1 if len(split) else 1
     images, labels = split.images[dist.rank :: dist.world_size], split.labels[dist.rank :: dist.world_size]
-    scaling = model_scaling(cfg, split)  # uint8 -> what the model was trained on (its config records it)
+    stats = channel_stats(split) if standardizes_channels(model) else None  # (the split's own, as the authors')
     # The loss sum and the confusion counts stay on the device, read once at the end. Column n_classes of each row
     # counts the predictions outside [0, n_classes) (none for a capsnet model).
     width = n_classes + 1
     sums = torch.zeros(1 + n_classes * width, dtype=torch.float64, device=device)  # [loss sum, confusion...]
     for start in range(0, len(labels), batch_size):
-        x = scaling(to_float(images[start : start + batch_size].to(device)))
-        x = fit_to_model(x, cfg) if cfg is not None else x
+        x = model_input(model, images[start : start + batch_size].to(device), stats=stats)
         y = labels[start : start + batch_size].to(device)
         out = model(x)
         loss, _ = cast(Any, model).loss(out, x, y)
@@ -142,6 +144,11 @@ def evaluate_checkpoint(
                   split=split, class_names=[class_name(cfg, k) for k in range(cfg.n_classes)],
                   scored=[scored(f) for f in folders])  # fmt: skip
     return result
+
+
+def standardizes_channels(model: torch.nn.Module) -> bool:
+    """Whether `model` (or a member of an ensemble) standardizes each channel with the scored split's statistics."""
+    return any(getattr(getattr(m, "config", None), "channel_standardize", False) for m in model.modules())
 
 
 def scored(folder: Path) -> dict[str, Any]:
@@ -237,17 +244,36 @@ def fit_to_model(x: torch.Tensor, cfg) -> torch.Tensor:
     return x if tuple(x.shape[-2:]) == (h, w) else center_crop(x, (h, w))
 
 
-def prepare_image(path: str | Path, cfg) -> torch.Tensor:
-    """One image file as the model's input [C, H, W]: MNIST's preprocessing (inversion of light backgrounds, a
-    20/28 box) for models trained on digit sets; otherwise converted and resized like the training images (to
-    the size before cropping, then centre-cropped)."""
-    h, w = image_hw(cfg.image_size)
-    if getattr(cfg, "digits", True):
+def prepare_image(path: str | Path, cfg) -> tuple[torch.Tensor, str]:
+    """One image file as raw input [C, H, W] in [0, 1] for the model's recipe, and the conversion applied in words.
+
+    A model trained on digit-style images (`digits`) gets MNIST's form: an image of its input size with a dark
+    background is taken as it is; any other is inverted when its background is light and fitted into a 20/28
+    box. Any other model gets the image converted (L or RGB) and resized as the image-folder reader converts
+    training images, to its size before cropping (the recipe then centre-crops it)."""
+    recipe = InputRecipe.from_config(cfg)
+    assert recipe.size is not None and recipe.channels is not None
+    (h, w), native = recipe.size, image_file_hw(path)
+    if recipe.digits:
         if h != w:
             raise DatasetError(f"{path}: digit preprocessing needs a square model input, not {h}x{w}")
-        return load_image(path, size=h, channels=cfg.in_channels)
-    size = tuple(getattr(cfg, "source_size", ())) or (h, w)
-    return fit_to_model(load_image_resized(path, size=size, channels=cfg.in_channels)[None], cfg)[0]
+        if native == (h, w):
+            x = load_image_resized(path, size=(h, w), channels=recipe.channels)
+            border = torch.cat([x[:, 0], x[:, -1], x[:, :, 0], x[:, :, -1]], dim=-1)
+            if border.mean() <= 0.5:
+                return x, f"digit-style, taken as it is ({h}x{w}, dark background)"
+        inverted = "light background inverted, " if _light(path) else ""
+        return load_image(path, size=h, channels=recipe.channels), f"digit-style: {inverted}fitted in a 20/28 box"
+    size = recipe.raw_size or (h, w)
+    x = load_image_resized(path, size=size, channels=recipe.channels)
+    what = "as it is" if native == size else f"resized from {native[0]}x{native[1]} to {size[0]}x{size[1]}"
+    return x, what + (f", centre-cropped to {h}x{w}" if size != (h, w) else "")
+
+
+def _light(path: str | Path) -> bool:
+    """Whether the image's border is light on average (it is then inverted to white ink on black)."""
+    x = load_image_resized(path, size=image_file_hw(path), channels=1)
+    return bool(torch.cat([x[:, 0], x[:, -1], x[:, :, 0], x[:, :, -1]], dim=-1).mean() > 127 / 255)
 
 
 def class_name(cfg, k: int) -> str:
@@ -258,13 +284,18 @@ def class_name(cfg, k: int) -> str:
 
 @torch.no_grad()
 def predict(model: torch.nn.Module, images: list[str | Path]) -> list[dict]:
+    """The class of each image file, its capsule lengths and the conversion applied (:func:`prepare_image`); the
+    model's recipe then makes its input (a standardizing model: its training split's recorded statistics)."""
     cfg = model.config
     device = next(model.parameters()).device
-    scaling = model_scaling(cfg)  # what it was trained on (a standardizing model: its training split's statistics)
-    batch = scaling(torch.stack([prepare_image(p, cfg) for p in images]).to(device))
+    for member in model.modules():  # single images need a standardizing model's recorded training statistics
+        if getattr(getattr(member, "config", None), "channel_standardize", False):
+            InputRecipe.from_config(member.config).statistics()
+    prepared = [prepare_image(p, cfg) for p in images]
+    batch = model_input(model, torch.stack([x for x, _ in prepared]).to(device))
     out = model.eval()(batch)
     return [
         {"image": str(p), "class": int(c), "name": class_name(cfg, int(c)),
-         "lengths": [round(float(x), 6) for x in row]}
-        for p, c, row in zip(images, out.predictions.tolist(), out.lengths.tolist())
+         "lengths": [round(float(x), 6) for x in row], "conversion": how}
+        for p, (_, how), c, row in zip(images, prepared, out.predictions.tolist(), out.lengths.tolist())
     ]  # fmt: skip
