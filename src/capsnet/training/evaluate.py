@@ -20,7 +20,7 @@ from ..errors import ConfigError, DatasetError
 from ..models.hub import is_ref, read_card, resolve_ref
 from ..models.inputs import image_hw
 from ..models.pretrained import load_pretrained
-from ..models.recipe import InputRecipe, model_input
+from ..models.recipe import InputRecipe, model_input, recipe_of
 from . import distributed as dist_utils
 from .checkpoint import checkpoint_info, resolve_checkpoint
 from .config import upgrade_train_dict
@@ -138,8 +138,20 @@ def evaluate_checkpoint(
     chosen = data.test if split == "test" else data.train
     if chosen is None:
         raise DatasetError(f"{data.source}: has no {split} split")
+    if data.n_classes != cfg.n_classes:
+        raise DatasetError(
+            f"{data.source}: {data.n_classes} classes, the model has {cfg.n_classes} (a class count is never "
+            "converted; fine-tune: create_model(name, pretrained=..., n_classes=K), then fit)"
+        )
+    conversions = data_conversions(cfg, data.source, data)
+    record = recorded_data(paths[0]) if dataset is None and data_dir is None else None
+    n = record.get("test_subset") if record is not None and split == "test" else None
+    if n is not None:  # the subset the run's test.json scored
+        chosen = Split(chosen.images[:n], chosen.labels[:n], chosen.channel_stats)
+        conversions.append(f"the first {n} test images, as the run scored (its --test-subset)")
     check_split(model, chosen, source=data.source)
     result = evaluate(model, chosen, batch_size=batch_size, device=resolve_device(device))
+    result["conversions"] = conversions
     result.update(checkpoint=str(paths[0]) if len(paths) == 1 else [str(p) for p in paths], dataset=data.name,
                   split=split, class_names=[class_name(cfg, k) for k in range(cfg.n_classes)],
                   scored=[scored(f) for f in folders])  # fmt: skip
@@ -149,6 +161,30 @@ def evaluate_checkpoint(
 def standardizes_channels(model: torch.nn.Module) -> bool:
     """Whether `model` (or a member of an ensemble) standardizes each channel with the scored split's statistics."""
     return any(getattr(getattr(m, "config", None), "channel_standardize", False) for m in model.modules())
+
+
+def data_conversions(cfg: Any, where: str | None, data: Dataset) -> list[str]:
+    """The documented conversions an image folder's reader applied to fit the model (grey to RGB, a resize to its
+    size), in words; DatasetError for one that is not documented (RGB to grey). Other readers convert nothing."""
+    from ..data.folder import detect, native_shape
+
+    root = Path(where) if where is not None else None
+    if root is None or not root.is_dir() or not detect(root):
+        return []
+    native = native_shape(root)
+    if native is None:
+        return []
+    c, h, w = native
+    notes = []
+    if c == 3 and cfg.in_channels == 1:
+        raise DatasetError(f"{data.source}: RGB images, the model takes greyscale ones (only grey to RGB is "
+                           "converted)")  # fmt: skip
+    if c == 1 and cfg.in_channels == 3:
+        notes.append("greyscale images converted to RGB")
+    size = tuple(data.test.images.shape[-2:])
+    if (h, w) != size:
+        notes.append(f"images resized from {h}x{w} to {size[0]}x{size[1]}, the size the model reads")
+    return notes
 
 
 def scored(folder: Path) -> dict[str, Any]:
@@ -198,7 +234,8 @@ def checkpoint_data(
                 f"{checkpoints[0]}: records no training data (a save_pretrained folder outside its run folder, or "
                 "a run of capsnet.fit, whose data came from Python); pass --dataset"
             )
-        if any(r != record for r in records[1:]):
+        same = ("dataset", "data_dir", "test_fraction")
+        if any(r is None or any(r[k] != record[k] for k in same) for r in records[1:]):
             raise DatasetError("the checkpoints were trained on different data; pass --dataset")
         dataset, data_dir = record["dataset"], record["data_dir"]
     cfg: Any = model.config
@@ -220,10 +257,10 @@ def recorded_data(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
         train = _run_train_config(run / "config.json")
         if train is not None:
             train = upgrade_train_dict(train)  # a run made before validation splits named test_fraction otherwise
-            return {k: train.get(k) for k in ("dataset", "data_dir", "test_fraction")}
+            return {k: train.get(k) for k in ("dataset", "data_dir", "test_fraction", "test_subset")}
     card = read_card(path) if path.is_dir() else None
     if card is not None:
-        return {"dataset": card["dataset"], "data_dir": None, "test_fraction": None}
+        return {"dataset": card["dataset"], "data_dir": None, "test_fraction": None, "test_subset": None}
     return None
 
 
@@ -244,14 +281,14 @@ def fit_to_model(x: torch.Tensor, cfg) -> torch.Tensor:
     return x if tuple(x.shape[-2:]) == (h, w) else center_crop(x, (h, w))
 
 
-def prepare_image(path: str | Path, cfg) -> tuple[torch.Tensor, str]:
+def prepare_image(path: str | Path, cfg: Any) -> tuple[torch.Tensor, str]:
     """One image file as raw input [C, H, W] in [0, 1] for the model's recipe, and the conversion applied in words.
 
     A model trained on digit-style images (`digits`) gets MNIST's form: an image of its input size with a dark
     background is taken as it is; any other is inverted when its background is light and fitted into a 20/28
     box. Any other model gets the image converted (L or RGB) and resized as the image-folder reader converts
     training images, to its size before cropping (the recipe then centre-crops it)."""
-    recipe = InputRecipe.from_config(cfg)
+    recipe = cfg if isinstance(cfg, InputRecipe) else InputRecipe.from_config(cfg)  # (a model config, or a recipe)
     assert recipe.size is not None and recipe.channels is not None
     (h, w), native = recipe.size, image_file_hw(path)
     if recipe.digits:
@@ -291,7 +328,7 @@ def predict(model: torch.nn.Module, images: list[str | Path]) -> list[dict]:
     for member in model.modules():  # single images need a standardizing model's recorded training statistics
         if getattr(getattr(member, "config", None), "channel_standardize", False):
             InputRecipe.from_config(member.config).statistics()
-    prepared = [prepare_image(p, cfg) for p in images]
+    prepared = [prepare_image(p, recipe_of(model)) for p in images]
     batch = model_input(model, torch.stack([x for x, _ in prepared]).to(device))
     out = model.eval()(batch)
     return [

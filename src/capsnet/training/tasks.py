@@ -24,10 +24,11 @@ from torch import nn
 
 from ..data.batching import epoch_indices, iterate_batches, num_batches
 from ..data.datasets import load_dataset
+from ..data.folder import parse_size
 from ..data.imageaug import AugmentSpec, resolve_augment
 from ..data.scaling import channel_stats
 from ..data.split import Split, stratified_holdout, to_float
-from ..errors import DatasetError
+from ..errors import ConfigError, DatasetError
 from ..models.recipe import InputRecipe, recipe_for
 from . import distributed as dist_utils
 from .evaluate import evaluate
@@ -195,6 +196,7 @@ class ClassificationTask(Task):
         data = load_dataset(config.dataset, data_dir=config.data_dir, **{k: v for k, v in options.items() if v})
         if data.train is None:
             raise DatasetError(f"{data.source}: holds only a test split; training needs the train-* files too")
+        check_image_size(getattr(config, "image_size", None), data)
         augment = getattr(config, "augment", "auto")
         spec = resolve_augment(augment, data.kind or "idx", shift=config.shift, recipes=recipes)
         if spec.flip and data.digits:
@@ -277,6 +279,19 @@ class ClassificationTask(Task):
             raise DatasetError(f"this task has no {split!r} split")
         data = self.on_device(split, torch.device(device)) or getattr(self, split)
         return evaluate(model, data, batch_size=batch_size, device=device, dist=dist)
+
+
+def check_image_size(given: str | None, data) -> None:
+    """ConfigError unless an `--image-size` given applies: its reader resized the images to it (image folders,
+    smallNORB); a reader that keeps its files' size (IDX, CIFAR, SVHN, .npz) cannot take one."""
+    if not given:
+        return
+    want = parse_size(given)
+    got = tuple(data.train.images.shape[-2:])
+    if want is not None and tuple(want) != got:
+        reader = data.kind or "this format"
+        raise ConfigError(f"--image-size {given}: {data.name}'s images are {got[0]}x{got[1]} and its reader "
+                          f"({reader}) does not resize them; drop --image-size")  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------- data on the device
