@@ -14,10 +14,11 @@ from keras_reference import resize_bilinear
 from capsnet import load_pretrained
 from capsnet.data import Split, standins
 from capsnet.data.imageaug import DEFAULTS, AugmentSpec, resolve_augment
-from capsnet.data.scaling import InputScaling, channel_stats, model_scaling
+from capsnet.data.scaling import channel_stats
 from capsnet.data.smallnorb import read_matrix
 from capsnet.errors import ConfigError, DatasetError
 from capsnet.models.efficient_capsnet import EfficientCapsNet, EfficientCapsNetConfig
+from capsnet.models.recipe import InputRecipe, recipe_of
 from capsnet.nn.keras_init import TRUNCATION_STD, keras_fans
 from capsnet.training.config import TrainConfig
 from capsnet.training.evaluate import evaluate, predict
@@ -193,7 +194,7 @@ def test_folders_saved_before_the_fidelity_keys_load_as_trained(tmp_path):
     x = torch.rand(3, 1, 28, 28)
     assert torch.equal(loaded(x).lengths, model(x).lengths)
     assert next(m for m in loaded.backbone if isinstance(m, torch.nn.BatchNorm2d)).eps == 1e-5
-    assert model_scaling(loaded.config).std == (255.0,)
+    assert recipe_of(loaded).statistics() == ((0.0,), (255.0,))
 
 
 # ------------------------------------------------------------------------------------- input pipelines
@@ -222,9 +223,9 @@ def test_standardized_batches_are_not_clipped():
 
 def test_input_scaling():
     x01 = torch.randint(0, 256, (2, 2, 3, 3)).float() / 255
-    assert InputScaling().identity and torch.equal(InputScaling()(x01), x01)
-    torch.testing.assert_close(InputScaling((0.0,), (256.0,))(x01), x01 * 255 / 256)
-    s = InputScaling((10.0, 20.0), (2.0, 4.0))
+    assert torch.equal(InputRecipe().scale(x01), x01)
+    torch.testing.assert_close(InputRecipe(divisor=256.0).scale(x01), x01 * 255 / 256)
+    s = InputRecipe(channel_standardize=True, mean=(10.0, 20.0), std=(2.0, 4.0)).scale
     p = x01 * 255
     torch.testing.assert_close(s(x01), (p - torch.tensor([10.0, 20.0]).view(1, 2, 1, 1)) /
                                torch.tensor([2.0, 4.0]).view(1, 2, 1, 1), atol=1e-4, rtol=1e-5)  # fmt: skip

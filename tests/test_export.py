@@ -14,16 +14,22 @@ from capsnet import CapsNet, export_model
 from capsnet.cli import main
 from capsnet.errors import ConfigError, ExportError
 from capsnet.models import export as ex
+from capsnet.models.recipe import model_input
 from capsnet.models.registry import MODELS
 from capsnet.routing import backend, get_backend
 from capsnet.routing.matrix_capsules import ConvCaps
 
 
 def _reference(model, images):
-    """The model's own outputs (its default, fast routing paths) for the exported ones."""
+    """The model's own outputs (its default, fast routing paths, its input recipe) for the exported ones."""
     with torch.no_grad():
-        out = model.eval()(images)
+        out = model.eval()(model_input(model, images))
     return [out.lengths] if out.capsules is None else [out.lengths, out.capsules]
+
+
+def _raw(shape, seed):
+    """Raw uint8 images, what the exported graph takes."""
+    return torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
 
 
 @pytest.mark.slow
@@ -35,7 +41,7 @@ def test_onnx_runs_in_onnxruntime_like_the_model(name, tmp_path):
     info = export_model(model, tmp_path / "m.onnx")
     assert info["format"] == "ONNX" and info["opset"] == ex.OPSET and info["max_abs_diff"] <= 1e-4
     proto = onnx.load(str(tmp_path / "m.onnx"))
-    names = ["lengths", "capsules"][: len(_reference(model, torch.rand(1, 1, 28, 28)))]  # (the baseline: no capsules)
+    names = ["lengths", "capsules"][: len(_reference(model, _raw((1, 1, 28, 28), 0)))]  # (the baseline: no capsules)
     assert [o.name for o in proto.graph.output] == list(info["outputs"]) == names
     assert proto.graph.input[0].name == "images"
     for value in [*proto.graph.input, *proto.graph.output]:  # the dynamic axis is named as the report names it
@@ -47,7 +53,7 @@ def test_onnx_runs_in_onnxruntime_like_the_model(name, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # one file: no external data, no temporary
     session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     for batch in (1, 5):  # the trace used 2 images
-        images = torch.rand(batch, 1, 28, 28, generator=torch.Generator().manual_seed(batch))
+        images = _raw((batch, 1, 28, 28), batch)
         got = session.run(None, {"images": images.numpy()})
         want = _reference(model, images)
         assert len(got) == len(want)
@@ -74,7 +80,7 @@ def test_every_capsnet_routing_option_exports_to_onnx(options, tmp_path):
     export_model(model, tmp_path / "m.onnx")
     session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     h, w = (28, 24) if "image_size" in options else (28, 28)
-    images = torch.rand(3, 1, h, w, generator=torch.Generator().manual_seed(3))
+    images = _raw((3, 1, h, w), 3)
     for g, want in zip(session.run(None, {"images": images.numpy()}), _reference(model, images), strict=True):
         assert abs(torch.from_numpy(g) - want).max().item() <= 1e-4
 
@@ -86,7 +92,7 @@ def test_torch_export_program_loads_and_matches_the_model(name, tmp_path):
     info = export_model(model, tmp_path / "m.pt2")
     assert info["format"] == "torch.export" and "opset" not in info
     program = torch.export.load(tmp_path / "m.pt2")
-    images = torch.rand(4, 1, 28, 28, generator=torch.Generator().manual_seed(4))
+    images = _raw((4, 1, 28, 28), 4)
     with torch.no_grad():
         got = program.module()(images)
     for g, w in zip(got, _reference(model, images), strict=True):

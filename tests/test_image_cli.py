@@ -12,6 +12,7 @@ import torch
 from capsnet import CapsNet, CapsNetConfig, cli
 from capsnet.data import load_dataset, standins
 from capsnet.data.split import to_float
+from capsnet.models.recipe import model_input
 from capsnet.training.ensemble import Ensemble
 
 SMALL = dict(conv_channels=8, kernel_size=5, primary_types=2, primary_dim=4, class_dim=6, decoder=False)
@@ -69,14 +70,18 @@ def test_predict_resizes_like_the_training_data_and_names_the_class(tmp_path, ca
     Image.new("RGB", (64, 48), (250, 250, 250)).save(img)  # white: a digit model would invert it
     from capsnet.training.evaluate import prepare_image
 
-    x = prepare_image(img, CapsNet.from_pretrained(path).config)
-    assert x.shape == (3, 24, 24) and x.min() > 0.95  # resized to 32x32, centre-cropped, not inverted
+    model = CapsNet.from_pretrained(path)
+    x, how = prepare_image(img, model.config)
+    assert x.shape == (3, 32, 32) and x.min() > 0.95 and how == "resized from 48x64 to 32x32, centre-cropped to 24x24"
+    assert model_input(model, x[None]).shape == (1, 3, 24, 24)  # the recipe crops
     assert cli.main(["predict", "--checkpoint", str(path), str(img)]) == 0
     out = capsys.readouterr().out
     assert out.count("(cat)") + out.count("(dog)") + out.count("(fox)") == 1
-    digit = saved_models(tmp_path / "digit", n=1)[0]
-    y = prepare_image(img, CapsNet.from_pretrained(digit).config)
+    assert "input: resized from 48x64 to 32x32, centre-cropped to 24x24" in out
+    digit = saved_models(tmp_path / "digit", n=1, digits=True)[0]
+    y, how = prepare_image(img, CapsNet.from_pretrained(digit).config)
     assert y.shape == (1, 28, 28) and y.max() < 0.05  # MNIST preprocessing: white paper becomes black
+    assert how == "digit-style: light background inverted, fitted in a 20/28 box"
 
 
 def test_data_info_shows_default_augmentation(tmp_path, capsys):

@@ -22,6 +22,8 @@ MAX_CONFIG_INT = 1 << 20
 # Parameters of a model a config.json describes (counted on the meta device before it is built): 500 million,
 # 2 GB of float32; the largest model here has about 25 million.
 MAX_PARAMETERS = 500_000_000
+# Bytes of one image uploaded to `capsnet explore`'s page: a photograph is a few MB.
+MAX_UPLOAD_BYTES = 10 << 20  # 10 MiB
 # Pixels of one image file decoded (Pillow's decompression-bomb guard): 64 megapixels, a 8000 × 8000 photograph.
 MAX_IMAGE_PIXELS = 64_000_000
 # Elements of one array a data file or a weights file may declare: 4 × 10^9 (e.g. 4 GB of uint8 images), and at

@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(r))
         return 0
     k = len(r["per_class"])
+    for note in r.get("conversions", ()):
+        print(f"data: {note}")
     for entry in r["scored"]:
         print(f"scored {describe_scored(entry)}")
     print(

@@ -17,8 +17,9 @@ from .checkpoints import add_model_arguments, model_paths
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "export",
-        description="Write the model as a graph from images [B, C, H, W] in [0, 1] to the class-capsule lengths "
-        "[B, n_classes] and the class capsules [B, n_classes, D] (the baseline CNN: its class probabilities), "
+        description="Write the model as a graph from raw uint8 images [B, C, H, W] (the model's input recipe runs "
+        "inside it) to the class-capsule lengths [B, n_classes] and the class capsules [B, n_classes, D] (the "
+        "baseline CNN: its class probabilities), "
         "then check the file against the PyTorch model (onnxruntime for ONNX). ONNX needs the export extra: "
         "pip install 'capsnet[export]'.",
     )

@@ -29,5 +29,5 @@ def run(args: argparse.Namespace) -> int:
         else:
             lengths = " ".join(f"{j}:{x:.3f}" for j, x in enumerate(r["lengths"]))
             name = f" ({r['name']})" if r["name"] != str(r["class"]) else ""
-            print(f"{r['image']}: class {r['class']}{name}  (capsule lengths {lengths})")
+            print(f"{r['image']}: class {r['class']}{name}  (capsule lengths {lengths}; input: {r['conversion']})")
     return 0

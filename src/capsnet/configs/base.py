@@ -40,13 +40,15 @@ class RecordedData:
     )
     class_names: tuple[str, ...] = field(default=(), metadata={"help": "the training data's class names"})
     digits: bool = field(
-        default=True, metadata={"help": "trained on a digit set: predict inverts and boxes images as MNIST's"}
-    )
+        default=False,
+        metadata={"help": "raw images are digit-style ink images (white on black in a 20/28 box): predict converts "
+                  "image files so; set from the data set (capsnet.fit: its digits argument)"},
+    )  # fmt: skip
     source_size: tuple[int, ...] = field(
         default=(), metadata={"help": "[H, W] of the training images before cropping (empty: image_size)"}
     )
-    # How the data pipeline turns uint8 pixels p into the model's input x (capsnet.data.scaling): p / input_divisor,
-    # or, with channel_standardize, (p − mean_c) / std_c with the statistics of the split being read.
+    # The model's input recipe (capsnet.models.recipe): uint8 pixels p become p / input_divisor, or, with
+    # channel_standardize, (p − mean_c) / std_c with the statistics of the split being read.
     input_divisor: float = field(
         default=255.0, metadata={"help": "uint8 pixels are divided by this; set from the data set's augmentation"}
     )
@@ -78,6 +80,10 @@ class RecordedData:
 # and RecordedData's. Training fills them in from the data set; a pretrained model keeps the ones it was saved with.
 DATA_FIELDS = ("in_channels", "image_size", "n_classes", "standardize", "class_names", "digits", "source_size",
                "input_divisor", "channel_standardize", "channel_mean", "channel_std")  # fmt: skip
+
+# What a config.json written before a RecordedData field existed meant by its absence: `digits` then defaulted to
+# true (every such run was trained on a digit set or recorded the field).
+RECORDED_SAVED_DEFAULTS = {"digits": True}
 
 
 def image_hw(size: int | tuple[int, ...] | list[int]) -> tuple[int, int]:

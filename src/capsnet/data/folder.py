@@ -137,6 +137,17 @@ def _probe(path: Path) -> tuple[int, int, int] | None:
         return None
 
 
+def native_shape(root: str | os.PathLike, *, sample: int = 256) -> tuple[int, int, int] | None:
+    """The most common (channels, height, width) among the first `sample` readable files of the image folder `root`
+    (header reads only), or None when none can be read: what the reader converts from."""
+    files = [p for p, _ in _entries(Path(root), 0.5, 0)[1][:sample]]
+    probes = [p for p in map(_probe, files) if p is not None]
+    if not probes:
+        return None
+    h, w, c = collections.Counter(probes).most_common(1)[0][0]
+    return c, h, w
+
+
 def _decode(path: Path, size: tuple[int, int], channels: int) -> np.ndarray | None:
     """uint8 [C, H, W] of the image converted and resized, or None if it cannot be decoded."""
     Image = _pillow()

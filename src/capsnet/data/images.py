@@ -46,6 +46,12 @@ def _to_tensor(img, height: int, width: int, channels: int) -> torch.Tensor:
     return x.view(height, width, channels).permute(2, 0, 1).contiguous()
 
 
+def image_hw(path: str | Path) -> tuple[int, int]:
+    """(height, width) of the image file at `path`; DatasetError if it is not readable."""
+    width, height = _open_image(path, 1).size
+    return height, width
+
+
 def load_image(path: str | Path, *, size: int = 28, channels: int = 1) -> torch.Tensor:
     """Read an image into the model's input [C, size, size] in [0, 1], MNIST-style.
 

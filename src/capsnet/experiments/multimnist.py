@@ -170,6 +170,7 @@ class MultiMNISTTask(Task):
 
     name = "multimnist"
     image_size: int  # the square canvas
+    digits = True
 
     def __init__(
         self,

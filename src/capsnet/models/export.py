@@ -1,8 +1,11 @@
 """Export a model for inference outside capsnet: ONNX (`.onnx`, run by onnxruntime and others) or torch.export
 (`.pt2`, loaded by `torch.export.load`).
 
-The exported graph maps images [B, C, H, W] in [0, 1] (B dynamic) to the class-capsule lengths [B, n_classes] (the
-class probabilities the prediction is the argmax of) and, for capsule models, the class capsules [B, n_classes, D].
+The exported graph maps raw uint8 images [B, C, H, W] (pixels 0..255, B dynamic, H x W the model's size before its
+training crops) to the class-capsule lengths [B, n_classes] (the class probabilities the prediction is the argmax
+of) and, for capsule models, the class capsules [B, n_classes, D]. The model's input recipe (capsnet.models.recipe:
+centre crop, ÷ divisor or the training split's per-channel statistics) runs inside the graph; the ONNX file states
+it in its metadata (`capsnet.input`).
 Inside the export every routing layer takes its plain PyTorch path (`fast = False`, routing backend "torch"): the
 C++ kernels and the fast paths' custom operators have no ONNX translation. The result is then checked against the
 PyTorch model on a batch of another size (onnxruntime for ONNX), within `atol`.
@@ -19,7 +22,7 @@ import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -30,6 +33,7 @@ from ..errors import ConfigError, ExportError
 from ..fileio import temporary_beside
 from ..routing.backend import use_backend
 from .inputs import image_hw
+from .recipe import model_input, recipe_of
 
 OPSET = 18  # the ONNX opset of the exported graph (onnxruntime >= 1.14 runs it)
 MIN_OPSET = 13  # the oldest opset torch's exporter converts these models to (tested: 13 and 17 for the baseline)
@@ -39,14 +43,14 @@ OUTPUT_NAMES = ("lengths", "capsules")  # (a model without capsules, the baselin
 
 
 class ExportedOutputs(nn.Module):
-    """`model` as the exported graph sees it: images -> (lengths,) or (lengths, capsules)."""
+    """`model` as the exported graph sees it: raw uint8 images -> its recipe -> (lengths,) or (lengths, capsules)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.model(images)
+        out = self.model(model_input(self.model, images))
         return (out.lengths,) if out.capsules is None else (out.lengths, out.capsules)
 
 
@@ -78,12 +82,13 @@ def reference_routing(model: nn.Module) -> Iterator[None]:
 
 
 def example_images(model: nn.Module, batch: int, *, seed: int = 0) -> torch.Tensor:
-    """Random images [batch, C, H, W] in [0, 1] of the model's input size, on its device."""
-    cfg: Any = model.config
-    h, w = image_hw(cfg.image_size)
+    """Random raw uint8 images [batch, C, H, W] of the size the model reads (before its crops), on its device."""
+    recipe, cfg = recipe_of(model), cast(Any, model.config)
+    h, w = recipe.raw_size or image_hw(cfg.image_size)
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
-    return torch.rand(batch, cfg.in_channels, h, w, generator=generator).to(device)
+    shape = (batch, int(recipe.channels or cfg.in_channels), h, w)
+    return torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8).to(device)
 
 
 def export_program(model: nn.Module) -> torch.export.ExportedProgram:
@@ -179,6 +184,7 @@ def _write_onnx(model: nn.Module, program: torch.export.ExportedProgram, path: P
         "capsnet.model_type": str(getattr(model, "model_type", type(model).__name__)),
         "capsnet.config": json.dumps(to_dict(cfg)),
         "capsnet.outputs": ", ".join(names),
+        "capsnet.input": input_note(model),
     })  # fmt: skip
     onnx_program.save(str(path), external_data=False)
     _name_batch_axis(path)
@@ -198,6 +204,17 @@ def _name_batch_axis(path: Path) -> None:
             if dim.dim_param in symbols:
                 dim.dim_param = "batch"
     onnx.save(proto, str(path))
+
+
+def input_note(model: nn.Module) -> str:
+    """What the exported graph takes and does with it, in words (the ONNX file's `capsnet.input`)."""
+    recipe = recipe_of(model)
+    h, w = recipe.raw_size or image_hw(cast(Any, model.config).image_size)
+    values = recipe.describe()
+    if recipe.channel_standardize:
+        values = "(p - mean_c) / std_c with the training split's per-channel mean and std (config channel_mean/std)"
+    crop = f", centre-cropped to {'x'.join(map(str, recipe.size))}" if recipe.size and recipe.size != (h, w) else ""
+    return f"images: uint8 pixels p in 0..255 [B, {recipe.channels}, {h}, {w}]; inside the graph{crop}, {values}"
 
 
 def _run_file(path: Path, suffix: str, images: torch.Tensor) -> list[torch.Tensor]:

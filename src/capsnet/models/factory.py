@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
+import sys
 from typing import Any
 
-from ..config import from_dict
+import torch
+
+from ..config import from_dict, to_dict
 from .hub import resolve_pretrained, shipped_tags
 from .registry import MODELS
 
@@ -21,12 +25,41 @@ def create_model(name: str, *, pretrained: str | os.PathLike | None = None, **ov
     folder or a training run folder (its best/): the saved model in eval mode. The fields recorded from the
     training data (image size, channels, classes, ...) come from it; `overrides` may only change fields that keep
     the weights' shapes (e.g. routing_iterations). A bad name or option is a ConfigError naming the known ones.
+
+    Fine-tuning to new classes: `n_classes=K` with K other than the weights' count loads every weight whose shape
+    does not depend on the class count (all but the class-capsule layer and the decoder's first layer), initialises
+    those afresh for K classes (the class names are dropped) and says so in one line on stderr.
     """
     name = MODELS.canonical(name)
     cls = MODELS[name]
     if pretrained is not None:
-        return cls.from_pretrained(resolve_pretrained(name, pretrained), **overrides)
+        n_classes = overrides.pop("n_classes", None)
+        model = cls.from_pretrained(resolve_pretrained(name, pretrained), **overrides)
+        if n_classes is None or int(n_classes) == model.config.n_classes:
+            return model
+        return with_classes(model, int(n_classes), source=str(pretrained))
     return cls(config=from_dict(cls.config_class, overrides, what=f"create_model({name!r})"))
+
+
+def with_classes(model: Any, n_classes: int, *, source: str) -> Any:
+    """A model of `model`'s class and config for `n_classes` classes: `model`'s weights wherever the shapes agree,
+    a fresh initialisation (the constructor's) for the rest; one line on stderr names those."""
+    cls = type(model)
+    fields = {f.name for f in dataclasses.fields(model.config)}
+    saved = {
+        **to_dict(model.config),
+        "n_classes": n_classes,
+        **({"class_names": []} if "class_names" in fields else {}),
+    }
+    fresh = cls(config=from_dict(cls.config_class, saved, what=f"{source} with n_classes={n_classes}"))
+    own, kept = fresh.state_dict(), model.state_dict()
+    loaded = {k: v for k, v in kept.items() if k in own and own[k].shape == v.shape}
+    with torch.no_grad():
+        fresh.load_state_dict({**own, **loaded}, strict=True)
+    renewed = sorted({k.rsplit(".", 1)[0] for k in own if k not in loaded})
+    print(f"capsnet: {source}: {model.config.n_classes} classes -> {n_classes}: re-initialised {', '.join(renewed)}; "
+          "every other weight loaded", file=sys.stderr)  # fmt: skip
+    return fresh.to(next(model.parameters()).device).eval()
 
 
 __all__ = ["create_model"]

@@ -6,6 +6,7 @@ import torch
 
 # (the recorded-data fields and shape checks live torch-free in capsnet.configs.base; imported here by name)
 from ..configs.base import DATA_FIELDS as DATA_FIELDS
+from ..configs.base import RECORDED_SAVED_DEFAULTS as RECORDED_SAVED_DEFAULTS
 from ..configs.base import RecordedData as RecordedData
 from ..configs.base import check_capsule_layers as check_capsule_layers
 from ..configs.base import check_loss_options as check_loss_options

@@ -23,7 +23,7 @@ from ..config import from_dict, parse_json, read_text_file, to_dict
 from ..errors import CheckpointError, ConfigError
 from ..fileio import atomic_write_bytes, atomic_write_json
 from ..limits import MAX_PARAMETERS
-from .inputs import DATA_FIELDS
+from .inputs import DATA_FIELDS, RECORDED_SAVED_DEFAULTS
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -48,6 +48,15 @@ class Pretrained(_ModuleBase):
     # rebuild the model it was saved from (the dataclass defaults describe the current, paper layout).
     saved_defaults: ClassVar[dict[str, Any]] = {}
     config: Any
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A model whose config records its training data reads an older config.json's missing data fields as
+        they were then (RECORDED_SAVED_DEFAULTS), besides its own `saved_defaults`."""
+        super().__init_subclass__(**kwargs)
+        config_class = getattr(cls, "config_class", None)
+        names = {f.name for f in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class) else set()
+        recorded = {k: v for k, v in RECORDED_SAVED_DEFAULTS.items() if k in names}
+        cls.saved_defaults = {**recorded, **cls.saved_defaults}
 
     def init_from_data(self, images: torch.Tensor) -> None:
         """Data-dependent initialisation from one batch of training images [B, C, H, W] in [0, 1], before training

@@ -6,6 +6,7 @@ The paper's CIFAR-10 result (§7, 10.6% error) is "an ensemble of 7 models", eac
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import torch
@@ -13,6 +14,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..models.inputs import image_hw
+from ..models.recipe import InputRecipe, Stats, recipe_of
 from ..nn.losses import MarginLoss
 
 
@@ -27,8 +29,10 @@ class EnsembleOutput(NamedTuple):
 
 
 class Ensemble(nn.Module):
-    """Averages the class probabilities of `models`, which must take the same input (channels, size, the size
-    before cropping) and have the same classes. `config` is the first member's (what evaluate() reads)."""
+    """Averages the class probabilities of `models`, which must read the same raw images (channels, size, the size
+    before cropping, digit-style or not) and have the same classes. Each member gets the raw images through its own
+    input recipe (its scaling may differ): :meth:`prepare_input` makes one input per member [M, B, C, H, W], which
+    forward takes (raw images [B, C, H, W] too). `config` is the first member's (what evaluate() reads)."""
 
     def __init__(self, models: list[nn.Module]):
         super().__init__()
@@ -37,7 +41,7 @@ class Ensemble(nn.Module):
         first: Any = models[0].config
         for k, m in enumerate(models[1:], start=2):
             cfg: Any = m.config
-            for what in ("in_channels", "n_classes", "class_names", "source_size"):
+            for what in ("in_channels", "n_classes", "class_names", "source_size", "digits"):
                 a, b = getattr(first, what, None), getattr(cfg, what, None)
                 if a != b:
                     raise CheckpointError(f"checkpoint {k} has {what} {b}, the first has {a}: not one ensemble")
@@ -47,8 +51,19 @@ class Ensemble(nn.Module):
         self.config = first
         self.margin_loss = MarginLoss(first.n_classes)
 
+    @property
+    def input_recipe(self) -> InputRecipe:
+        """The raw images every member reads (its shape and classes); the values are each member's own."""
+        return dataclasses.replace(recipe_of(self.members[0]), divisor=255.0, channel_standardize=False, mean=(),
+                                   std=())  # fmt: skip
+
+    def prepare_input(self, images: torch.Tensor, stats: Stats | None = None) -> torch.Tensor:
+        """Raw images [B, C, H, W] -> each member's input by its own recipe, stacked [M, B, C, h, w]."""
+        return torch.stack([recipe_of(m).prepare(images, stats) for m in self.members])
+
     def forward(self, images: torch.Tensor, labels: torch.Tensor | None = None, **_) -> EnsembleOutput:
-        lengths = torch.stack([m(images).lengths.float() for m in self.members]).mean(dim=0)  # [B, n_classes]
+        inputs = images if images.dim() == 5 else self.prepare_input(images)
+        lengths = torch.stack([m(x).lengths.float() for m, x in zip(self.members, inputs)]).mean(dim=0)  # [B, n]
         return EnsembleOutput(None, lengths, lengths.argmax(dim=1), None, None)
 
     def loss(self, out: EnsembleOutput, images: torch.Tensor, labels: torch.Tensor):

@@ -12,13 +12,15 @@ import torch
 
 from ..data.datasets import load_dataset
 from ..data.imageaug import center_crop
+from ..data.images import image_hw as image_file_hw
 from ..data.images import load_image, load_image_resized
-from ..data.scaling import model_scaling
-from ..data.split import Dataset, Split, to_float
+from ..data.scaling import channel_stats
+from ..data.split import Dataset, Split
 from ..errors import ConfigError, DatasetError
 from ..models.hub import is_ref, read_card, resolve_ref
 from ..models.inputs import image_hw
 from ..models.pretrained import load_pretrained
+from ..models.recipe import InputRecipe, model_input, recipe_of
 from . import distributed as dist_utils
 from .checkpoint import checkpoint_info, resolve_checkpoint
 from .config import upgrade_train_dict
@@ -68,9 +70,10 @@ def evaluate(
     matrix (rows: true class, columns: predicted). Under torchrun each rank takes every world_size-th
     image and the counts are summed over ranks.
 
-    A capsnet model is fed what its config records (scaling, centre crop) and has its n_classes. A module of one's
-    own (capsnet.fit's protocol) gets the images ÷ 255, and the classes are those of the labels (0 ... max label);
-    a prediction outside them counts as wrong (and in no column of the confusion matrix).
+    Every batch reaches the model through its input recipe (:func:`capsnet.models.recipe.model_input`: centre crop,
+    scaling; a model that standardizes each channel, with `split`'s own statistics). A module of one's own
+    (capsnet.fit's protocol) without a recipe gets the images ÷ 255, and the classes are those of the labels
+    (0 ... max label); a prediction outside them counts as wrong (and in no column of the confusion matrix).
     """
     dist = dist or dist_utils.DistInfo()
     device = torch.device(device)
@@ -79,14 +82,13 @@ def evaluate(
     cfg = _input_config(model)
     n_classes: int = cfg.n_classes if cfg is not None else int(split.labels.max()) + 1 if len(split) else 1
     images, labels = split.images[dist.rank :: dist.world_size], split.labels[dist.rank :: dist.world_size]
-    scaling = model_scaling(cfg, split)  # uint8 -> what the model was trained on (its config records it)
+    stats = channel_stats(split) if standardizes_channels(model) else None  # (the split's own, as the authors')
     # The loss sum and the confusion counts stay on the device, read once at the end. Column n_classes of each row
     # counts the predictions outside [0, n_classes) (none for a capsnet model).
     width = n_classes + 1
     sums = torch.zeros(1 + n_classes * width, dtype=torch.float64, device=device)  # [loss sum, confusion...]
     for start in range(0, len(labels), batch_size):
-        x = scaling(to_float(images[start : start + batch_size].to(device)))
-        x = fit_to_model(x, cfg) if cfg is not None else x
+        x = model_input(model, images[start : start + batch_size].to(device), stats=stats)
         y = labels[start : start + batch_size].to(device)
         out = model(x)
         loss, _ = cast(Any, model).loss(out, x, y)
@@ -137,12 +139,53 @@ def evaluate_checkpoint(
     chosen = data.test if split == "test" else data.train
     if chosen is None:
         raise DatasetError(f"{data.source}: has no {split} split")
+    if data.n_classes != cfg.n_classes:
+        raise DatasetError(
+            f"{data.source}: {data.n_classes} classes, the model has {cfg.n_classes} (a class count is never "
+            "converted; fine-tune: create_model(name, pretrained=..., n_classes=K), then fit)"
+        )
+    conversions = data_conversions(cfg, data.source, data)
+    record = recorded_data(paths[0]) if dataset is None and data_dir is None else None
+    n = record.get("test_subset") if record is not None and split == "test" else None
+    if n is not None:  # the subset the run's test.json scored
+        chosen = Split(chosen.images[:n], chosen.labels[:n], chosen.channel_stats)
+        conversions.append(f"the first {n} test images, as the run scored (its --test-subset)")
     check_split(model, chosen, source=data.source)
     result = evaluate(model, chosen, batch_size=batch_size, device=resolve_device(device))
+    result["conversions"] = conversions
     result.update(checkpoint=str(paths[0]) if len(paths) == 1 else [str(p) for p in paths], dataset=data.name,
                   split=split, class_names=[class_name(cfg, k) for k in range(cfg.n_classes)],
                   scored=[scored(f) for f in folders])  # fmt: skip
     return result
+
+
+def standardizes_channels(model: torch.nn.Module) -> bool:
+    """Whether `model` (or a member of an ensemble) standardizes each channel with the scored split's statistics."""
+    return any(getattr(getattr(m, "config", None), "channel_standardize", False) for m in model.modules())
+
+
+def data_conversions(cfg: Any, where: str | None, data: Dataset) -> list[str]:
+    """The documented conversions an image folder's reader applied to fit the model (grey to RGB, a resize to its
+    size), in words; DatasetError for one that is not documented (RGB to grey). Other readers convert nothing."""
+    from ..data.folder import detect, native_shape
+
+    root = Path(where) if where is not None else None
+    if root is None or not root.is_dir() or not detect(root):
+        return []
+    native = native_shape(root)
+    if native is None:
+        return []
+    c, h, w = native
+    notes = []
+    if c == 3 and cfg.in_channels == 1:
+        raise DatasetError(f"{data.source}: RGB images, the model takes greyscale ones (only grey to RGB is "
+                           "converted)")  # fmt: skip
+    if c == 1 and cfg.in_channels == 3:
+        notes.append("greyscale images converted to RGB")
+    size = tuple(data.test.images.shape[-2:])
+    if (h, w) != size:
+        notes.append(f"images resized from {h}x{w} to {size[0]}x{size[1]}, the size the model reads")
+    return notes
 
 
 def scored(folder: Path) -> dict[str, Any]:
@@ -191,7 +234,8 @@ def checkpoint_data(
                 f"{checkpoints[0]}: records no training data (a save_pretrained folder outside its run folder, or "
                 "a run of capsnet.fit, whose data came from Python); pass --dataset"
             )
-        if any(r != record for r in records[1:]):
+        same = ("dataset", "data_dir", "test_fraction")
+        if any(r is None or any(r[k] != record[k] for k in same) for r in records[1:]):
             raise DatasetError("the checkpoints were trained on different data; pass --dataset")
         dataset, data_dir = record["dataset"], record["data_dir"]
     cfg: Any = model.config
@@ -213,10 +257,10 @@ def recorded_data(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
         train = _run_train_config(run / "config.json")
         if train is not None:
             train = upgrade_train_dict(train)  # a run made before validation splits named test_fraction otherwise
-            return {k: train.get(k) for k in ("dataset", "data_dir", "test_fraction")}
+            return {k: train.get(k) for k in ("dataset", "data_dir", "test_fraction", "test_subset")}
     card = read_card(path) if path.is_dir() else None
     if card is not None:
-        return {"dataset": card["dataset"], "data_dir": None, "test_fraction": None}
+        return {"dataset": card["dataset"], "data_dir": None, "test_fraction": None, "test_subset": None}
     return None
 
 
@@ -237,17 +281,36 @@ def fit_to_model(x: torch.Tensor, cfg) -> torch.Tensor:
     return x if tuple(x.shape[-2:]) == (h, w) else center_crop(x, (h, w))
 
 
-def prepare_image(path: str | Path, cfg) -> torch.Tensor:
-    """One image file as the model's input [C, H, W]: MNIST's preprocessing (inversion of light backgrounds, a
-    20/28 box) for models trained on digit sets; otherwise converted and resized like the training images (to
-    the size before cropping, then centre-cropped)."""
-    h, w = image_hw(cfg.image_size)
-    if getattr(cfg, "digits", True):
+def prepare_image(path: str | Path, cfg: Any) -> tuple[torch.Tensor, str]:
+    """One image file as raw input [C, H, W] in [0, 1] for the model's recipe, and the conversion applied in words.
+
+    A model trained on digit-style images (`digits`) gets MNIST's form: an image of its input size with a dark
+    background is taken as it is; any other is inverted when its background is light and fitted into a 20/28
+    box. Any other model gets the image converted (L or RGB) and resized as the image-folder reader converts
+    training images, to its size before cropping (the recipe then centre-crops it)."""
+    recipe = cfg if isinstance(cfg, InputRecipe) else InputRecipe.from_config(cfg)  # (a model config, or a recipe)
+    assert recipe.size is not None and recipe.channels is not None
+    (h, w), native = recipe.size, image_file_hw(path)
+    if recipe.digits:
         if h != w:
             raise DatasetError(f"{path}: digit preprocessing needs a square model input, not {h}x{w}")
-        return load_image(path, size=h, channels=cfg.in_channels)
-    size = tuple(getattr(cfg, "source_size", ())) or (h, w)
-    return fit_to_model(load_image_resized(path, size=size, channels=cfg.in_channels)[None], cfg)[0]
+        if native == (h, w):
+            x = load_image_resized(path, size=(h, w), channels=recipe.channels)
+            border = torch.cat([x[:, 0], x[:, -1], x[:, :, 0], x[:, :, -1]], dim=-1)
+            if border.mean() <= 0.5:
+                return x, f"digit-style, taken as it is ({h}x{w}, dark background)"
+        inverted = "light background inverted, " if _light(path) else ""
+        return load_image(path, size=h, channels=recipe.channels), f"digit-style: {inverted}fitted in a 20/28 box"
+    size = recipe.raw_size or (h, w)
+    x = load_image_resized(path, size=size, channels=recipe.channels)
+    what = "as it is" if native == size else f"resized from {native[0]}x{native[1]} to {size[0]}x{size[1]}"
+    return x, what + (f", centre-cropped to {h}x{w}" if size != (h, w) else "")
+
+
+def _light(path: str | Path) -> bool:
+    """Whether the image's border is light on average (it is then inverted to white ink on black)."""
+    x = load_image_resized(path, size=image_file_hw(path), channels=1)
+    return bool(torch.cat([x[:, 0], x[:, -1], x[:, :, 0], x[:, :, -1]], dim=-1).mean() > 127 / 255)
 
 
 def class_name(cfg, k: int) -> str:
@@ -258,13 +321,24 @@ def class_name(cfg, k: int) -> str:
 
 @torch.no_grad()
 def predict(model: torch.nn.Module, images: list[str | Path]) -> list[dict]:
-    cfg = model.config
-    device = next(model.parameters()).device
-    scaling = model_scaling(cfg)  # what it was trained on (a standardizing model: its training split's statistics)
-    batch = scaling(torch.stack([prepare_image(p, cfg) for p in images]).to(device))
+    """The class of each image file, its capsule lengths and the conversion applied (:func:`prepare_image`); the
+    model's recipe then makes its input (a standardizing model: its training split's recorded statistics)."""
+    batch, conversions = image_files_input(model, images)
     out = model.eval()(batch)
     return [
-        {"image": str(p), "class": int(c), "name": class_name(cfg, int(c)),
-         "lengths": [round(float(x), 6) for x in row]}
-        for p, c, row in zip(images, out.predictions.tolist(), out.lengths.tolist())
+        {"image": str(p), "class": int(c), "name": class_name(model.config, int(c)),
+         "lengths": [round(float(x), 6) for x in row], "conversion": how}
+        for p, how, c, row in zip(images, conversions, out.predictions.tolist(), out.lengths.tolist())
     ]  # fmt: skip
+
+
+def image_files_input(model: torch.nn.Module, images: list[str | Path]) -> tuple[torch.Tensor, list[str]]:
+    """Image files as `model`'s input batch [B, C, H, W] on its device (:func:`prepare_image`, then the model's
+    recipe; a standardizing model: its training split's recorded statistics), and each file's conversion in words.
+    Every path that feeds image files to a model (predict, explore) calls this."""
+    device = next(model.parameters()).device
+    for member in model.modules():  # single images need a standardizing model's recorded training statistics
+        if getattr(getattr(member, "config", None), "channel_standardize", False):
+            InputRecipe.from_config(member.config).statistics()
+    prepared = [prepare_image(p, recipe_of(model)) for p in images]
+    return model_input(model, torch.stack([x for x, _ in prepared]).to(device)), [how for _, how in prepared]

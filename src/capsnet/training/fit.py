@@ -29,6 +29,7 @@ from torch import nn
 from ..errors import ConfigError, DatasetError
 from ..models.inputs import image_hw
 from ..models.pretrained import Pretrained
+from ..models.recipe import recipe_of
 from .build import Run, assemble, open_run
 from .checkpoint import model_name
 from .config import FitConfig, TrainResult
@@ -69,6 +70,7 @@ def fit(
     tensorboard: bool = True,
     resume: bool = False,
     on_step: Callable[[int], bool] | None = None,
+    digits: bool = False,
 ) -> TrainResult:
     """Train `model` on `train_data` for `epochs` into the run folder `out`; returns the run's TrainResult.
 
@@ -82,6 +84,11 @@ def fit(
     the default, "val_accuracy", or "val_accuracy,val_loss"); `ema` (a decay, e.g. 0.999) keeps a moving average of
     the weights, scored beside them each epoch, and best/ may hold it (capsnet.training.ema). `on_step(step)`
     returning True stops with a checkpoint, as SIGINT and SIGTERM do.
+
+    Every batch reaches the model through its input recipe (capsnet.models.recipe): raw uint8 pixels or floats in
+    [0, 1] become what it records (÷ 255 for a fresh model; a pretrained one's own scaling). `digits` records
+    whether the images are digit-style ink images (white on black in a 20/28 box, as MNIST's), which `capsnet
+    predict` then converts image files to; a Dataset gives no way to know, so the default is False.
 
     `resume=True` continues the run in `out`: from the batch where it stopped for a Dataset, or from the start of the
     first unfinished epoch for an iterable. The model and data are given again; the settings must be the run's
@@ -102,8 +109,11 @@ def fit(
         precision=precision, compile=compile, channels_last=channels_last, progress=progress,
         tensorboard=tensorboard, resume=resume,
     )  # fmt: skip
+    cfg = getattr(model, "config", None)
+    if dataclasses.is_dataclass(cfg) and hasattr(cfg, "digits"):
+        cfg.digits = bool(digits)  # what the model records of its data (capsnet predict reads it)
     task = LoaderTask(train_data, val=val_data, test=test_data, val_fraction=config.val_fraction,
-                      val_seed=config.val_seed, workers=config.workers)  # fmt: skip
+                      val_seed=config.val_seed, workers=config.workers, recipe=recipe_of(model))  # fmt: skip
     return launch(config, lambda device, dist: _make_run(config, model, task, device, dist), on_step)
 
 

@@ -5,8 +5,9 @@ not the arithmetic, sets the pace. Replaying the whole step as one CUDA graph la
 for the classification task with its uint8 training set resident on the GPU:
 
 - the batch: a gather from the resident set by a static index buffer (the epoch's shuffled indices are copied into
-  it before each replay), the conversion to float and the augmentation, whose random numbers come from the run's
-  augmentation generator, registered with the graph (each replay draws new numbers, as eager steps do);
+  it before each replay), then the task's own `make_batch`: the model's input recipe and the augmentation, whose
+  random numbers come from the run's augmentation generator, registered with the graph (each replay draws new
+  numbers, as eager steps do);
 - forward, loss and backward (the gradients live in the graph's memory pool);
 - the optimizer step: Adam built with `capturable=True` (:func:`capsnet.training.loop.make_adam`), its learning rate
   a device tensor that the schedule updates in place.
@@ -27,7 +28,6 @@ from collections.abc import Callable, Iterator
 import torch
 
 from ..data.batching import epoch_indices
-from ..data.split import to_float
 from .tasks import Batch, ClassificationTask
 
 WARMUP = 3  # eager steps before the capture (torch.cuda.graphs: "a few")
@@ -99,10 +99,11 @@ class StepGraph:
             yield loss, n_correct, size
 
     def _batch(self, take: torch.Tensor) -> Batch:
-        """As ClassificationTask.batches makes it: gather, convert to [0, 1] floats, augment."""
-        images = to_float(self.split.images[take].to(self.run.device, non_blocking=True))
+        """The examples `take` of the resident training split, made into a batch by the task's own
+        `make_batch` (the model's recipe, then the augmentation), as its eager batches are."""
+        images = self.split.images[take].to(self.run.device, non_blocking=True)
         labels = self.split.labels[take].to(self.run.device, non_blocking=True)
-        return Batch(self.run.task.augment(images, self.run.augment_rng), labels)
+        return self.run.task.make_batch(images, labels, self.run.augment_rng)
 
     def static_step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One step on the batch that the static index buffer names (what the graph captures)."""

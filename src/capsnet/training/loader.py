@@ -2,9 +2,10 @@
 batches, such as a DataLoader.
 
 - A **Dataset** (map-style: `__getitem__` and `__len__`, e.g. a torch.utils.data.Dataset subclass of one's own)
-  yields `(image, label)`: the image a tensor [C, H, W] (float, in the model's input range; or uint8, divided by
-  255), the label a class index. capsnet batches it with :class:`SeededSampler`: a fresh permutation each epoch,
-  seeded by (seed, epoch) as `capsnet train` shuffles, sharded over torchrun ranks as DistributedSampler shards.
+  yields `(image, label)`: the image a tensor [C, H, W] (uint8 pixels, or floats in [0, 1]: the model's input
+  recipe, capsnet.models.recipe, turns them into its input), the label a class index. capsnet batches it with
+  :class:`SeededSampler`: a fresh permutation each epoch, seeded by (seed, epoch) as `capsnet train` shuffles,
+  sharded over torchrun ranks as DistributedSampler shards.
   A run stopped mid-epoch resumes at the batch where it stopped: the done batches are skipped without being read.
 - An **iterable of batches** (a DataLoader, a list of batches, a streaming source without `__len__`) yields
   `(images [B, C, H, W], labels [B])`; it is read as it is, a new pass each epoch (so it must be re-iterable, not a
@@ -29,8 +30,9 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler, Subset
 
 from ..data.batching import epoch_indices, num_batches
-from ..data.split import holdout_indices, to_float
+from ..data.split import holdout_indices
 from ..errors import ConfigError, DatasetError
+from ..models.recipe import InputRecipe
 from . import distributed as dist_utils
 from .record import FIT_TASK
 from .tasks import Batch, Task, evaluate_batches, mix_seed
@@ -184,19 +186,22 @@ class Source:
             yield check_batch(batch, f"{self.part}_data batch {k}")
 
 
-def _on_device(images: torch.Tensor, labels: torch.Tensor, device: torch.device) -> Batch:
-    images = to_float(images.to(device, non_blocking=True))  # uint8 moves (4x smaller) and converts there
+def _on_device(images: torch.Tensor, labels: torch.Tensor, device: torch.device, recipe: InputRecipe) -> Batch:
+    """A batch of raw images on `device` (uint8 moves, 4x smaller, and converts there) as the model's input."""
+    images = recipe.prepare(images.to(device, non_blocking=True))
     return Batch(images, labels.to(device, non_blocking=True))
 
 
 class LoaderTask(Task):
     """Classification on a Dataset or an iterable of batches (see the module docstring): the model's own
-    `loss(out, images, labels)`, accuracy from `out.predictions`."""
+    `loss(out, images, labels)`, accuracy from `out.predictions`. Every batch goes through `recipe`, the model's
+    (capsnet.models.recipe.recipe_of): raw images become what the model was built to take."""
 
     name = FIT_TASK
 
     def __init__(self, train: Any, *, val: Any = None, test: Any = None, val_fraction: float = 0.1,
-                 val_seed: int = 0, workers: int = 0):  # fmt: skip
+                 val_seed: int = 0, workers: int = 0, recipe: InputRecipe | None = None):  # fmt: skip
+        self.recipe = recipe if recipe is not None else InputRecipe()
         self.source = Source(train, "train", workers=workers)
         self.val = Source(val, "val", workers=workers) if val is not None else None
         self.test = Source(test, "test", workers=workers) if test is not None else None
@@ -254,7 +259,7 @@ class LoaderTask(Task):
     def batches(self, *, epoch, batch_size, seed, rank, world_size, device, generator, start=0) -> Iterator[Batch]:
         if not self.source.indexed:  # (start is 0: such a run resumes at an epoch's start)
             for images, labels in self.source.passes(epoch):
-                yield _on_device(images, labels, device)
+                yield _on_device(images, labels, device, self.recipe)
             return
         sampler = SeededSampler(len(self.source.data), seed=seed, rank=rank, world_size=world_size,
                                 start=start * batch_size)  # fmt: skip
@@ -262,7 +267,7 @@ class LoaderTask(Task):
         loader = self.source.loader(sampler, batch_size=batch_size, device=device,
                                     seed=mix_seed(seed, epoch, rank, start))  # fmt: skip
         for images, labels in loader:
-            yield _on_device(images, labels, device)
+            yield _on_device(images, labels, device, self.recipe)
 
     def init_batch(self, *, batch_size, seed, world_size, device) -> Batch | None:
         """Rank 0's first batch of epoch 0 for a Dataset (every rank computes it alike); an iterable's first."""
@@ -285,11 +290,11 @@ class LoaderTask(Task):
         """A Dataset in order, rank r taking every world_size-th example; an iterable as it is (each rank its own)."""
         if not source.indexed:
             for images, labels in source.passes(0):
-                yield _on_device(images, labels, device)
+                yield _on_device(images, labels, device, self.recipe)
             return
         sampler = _Shard(len(source.data), dist.rank, dist.world_size)
         for images, labels in source.loader(sampler, batch_size=batch_size, device=device, seed=0):
-            yield _on_device(images, labels, device)
+            yield _on_device(images, labels, device, self.recipe)
 
 
 def _score(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

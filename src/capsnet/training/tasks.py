@@ -24,10 +24,12 @@ from torch import nn
 
 from ..data.batching import epoch_indices, iterate_batches, num_batches
 from ..data.datasets import load_dataset
+from ..data.folder import parse_size
 from ..data.imageaug import AugmentSpec, resolve_augment
-from ..data.scaling import scaling_for
+from ..data.scaling import channel_stats
 from ..data.split import Split, stratified_holdout, to_float
-from ..errors import DatasetError
+from ..errors import ConfigError, DatasetError
+from ..models.recipe import InputRecipe, recipe_for
 from . import distributed as dist_utils
 from .evaluate import evaluate
 from .recipes import model_recipes, recipe_image_size
@@ -35,7 +37,7 @@ from .recipes import model_recipes, recipe_image_size
 
 @dataclass
 class Batch:
-    images: torch.Tensor  # float [B, C, H, W] in [0, 1], on the training device
+    images: torch.Tensor  # float [B, C, H, W]: the model's input (its recipe applied), on the training device
     targets: torch.Tensor  # class indices [B] or multi-hot [B, n_classes]
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # task-specific per-batch tensors
 
@@ -47,11 +49,14 @@ class Task:
     in_channels: int = 1
     image_size: int | tuple[int, int] = 28  # (height, width) when not square
     n_classes: int = 10
+    digits: bool = False  # whether the raw images are digit-style ink images (RecordedData.digits)
+    recipe: InputRecipe = InputRecipe()  # how the batches turn raw images into the model's input (÷ 255)
 
     def model_fields(self) -> dict[str, Any]:
-        """Model options that come from the data rather than from flags (the batches are `to_float`'s ÷ 255)."""
+        """Model options that come from the data rather than from flags: the input's shape and classes, whether it
+        is a digit set, and the values of the recipe the batches apply (capsnet.models.recipe)."""
         return {"in_channels": self.in_channels, "image_size": self.image_size, "n_classes": self.n_classes,
-                "input_divisor": 255.0}  # fmt: skip
+                "digits": self.digits, **self.recipe.fields()}  # fmt: skip
 
     def num_batches(self, *, batch_size: int, world_size: int) -> int:
         raise NotImplementedError
@@ -156,7 +161,7 @@ class ClassificationTask(Task):
         source: str = "data",
         augment: AugmentSpec | None = None,
         class_names: tuple[str, ...] = (),
-        digits: bool = True,
+        digits: bool = False,
     ):
         _, channels, height, width = train.images.shape
         self.train, self.test, self.val, self.shift = train, test, val, shift
@@ -166,9 +171,11 @@ class ClassificationTask(Task):
         self.in_channels, self.image_size, self.n_classes = channels, (h if h == w else (h, w)), n_classes
         self.class_names, self.digits = tuple(class_names), digits
         self.source_size = (height, width) if (h, w) != (height, width) else ()
-        # uint8 -> the model's input values (÷ 255, the spec's divisor, or the training split's channel statistics)
-        self.scaling = scaling_for(divisor=self.spec.divisor, channel_standardize=self.spec.channel_standardize,
-                                   split=train)  # fmt: skip
+        # raw images -> the model's input values (÷ 255, the spec's divisor, or the training split's statistics)
+        stats = channel_stats(train) if self.spec.channel_standardize else None
+        self.recipe = recipe_for(divisor=self.spec.divisor, channel_standardize=self.spec.channel_standardize,
+                                 stats=stats, channels=channels, size=(h, w), n_classes=n_classes,
+                                 source_size=self.source_size, digits=digits)  # fmt: skip
         validation = {"source": "given", "n": len(val)} if val is not None else {"source": "none"}
         self.recorded: dict[str, Any] = {"augment": str(self.spec), "validation": validation}
         self._resident: dict[tuple[str, str], Split | None] = {}  # (split, device) -> its copy there, or None
@@ -189,6 +196,7 @@ class ClassificationTask(Task):
         data = load_dataset(config.dataset, data_dir=config.data_dir, **{k: v for k, v in options.items() if v})
         if data.train is None:
             raise DatasetError(f"{data.source}: holds only a test split; training needs the train-* files too")
+        check_image_size(getattr(config, "image_size", None), data)
         augment = getattr(config, "augment", "auto")
         spec = resolve_augment(augment, data.kind or "idx", shift=config.shift, recipes=recipes)
         if spec.flip and data.digits:
@@ -219,12 +227,7 @@ class ClassificationTask(Task):
             **super().model_fields(),
             "standardize": self.spec.standardize,
             "class_names": self.class_names,
-            "digits": self.digits,
             "source_size": self.source_size,
-            "input_divisor": self.spec.divisor,
-            "channel_standardize": self.spec.channel_standardize,
-            "channel_mean": self.scaling.mean if self.spec.channel_standardize else (),
-            "channel_std": self.scaling.std if self.spec.channel_standardize else (),
         }
 
     def num_batches(self, *, batch_size: int, world_size: int) -> int:
@@ -232,13 +235,14 @@ class ClassificationTask(Task):
 
     def on_device(self, which: str, device: torch.device) -> Split | None:
         """The "train", "val" or "test" split, moved to `device` once (uint8: 47 MB for MNIST's training set) when it
-        fits (:func:`fits_on_device`); None when it does not."""
+        fits (:func:`fits_on_device`, asked before anything is copied); None when it does not."""
         key = (which, str(device))
         if key not in self._resident:
             split = getattr(self, which)
             fits = fits_on_device(split.images.nbytes + split.labels.nbytes, device)
-            moved = Split(split.images.to(device), split.labels.to(device), split.channel_stats)
-            self._resident[key] = moved if fits else None
+            self._resident[key] = (
+                Split(split.images.to(device), split.labels.to(device), split.channel_stats) if fits else None
+            )
         return self._resident[key]
 
     def batches(self, *, epoch, batch_size, seed, rank, world_size, device, generator, start=0) -> Iterator[Batch]:
@@ -253,7 +257,13 @@ class ClassificationTask(Task):
             it = staged_batches(self.train, idx, batch_size=batch_size, device=device)
         # Skipped batches (a resumed epoch) draw no random numbers: the generator state was restored instead.
         for images, labels in it:
-            yield Batch(self.augment(self.scaling(images), generator), labels)
+            yield self.make_batch(images, labels, generator)
+
+    def make_batch(self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> Batch:
+        """A training batch from raw images [B, C, H, W] on the device (uint8, or floats in [0, 1]): the recipe's
+        values (before the random crops, which it commutes with), then the augmentation. The eager batches and the
+        graph-captured step (capsnet.training.graphs) both make theirs here."""
+        return Batch(self.augment(self.recipe.scale(to_float(images)), generator), labels)
 
     def augment(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """The training augmentation (:class:`capsnet.data.imageaug.AugmentSpec`; by default the paper's random
@@ -269,6 +279,19 @@ class ClassificationTask(Task):
             raise DatasetError(f"this task has no {split!r} split")
         data = self.on_device(split, torch.device(device)) or getattr(self, split)
         return evaluate(model, data, batch_size=batch_size, device=device, dist=dist)
+
+
+def check_image_size(given: str | None, data) -> None:
+    """ConfigError unless an `--image-size` given applies: its reader resized the images to it (image folders,
+    smallNORB); a reader that keeps its files' size (IDX, CIFAR, SVHN, .npz) cannot take one."""
+    if not given:
+        return
+    want = parse_size(given)
+    got = tuple(data.train.images.shape[-2:])
+    if want is not None and tuple(want) != got:
+        reader = data.kind or "this format"
+        raise ConfigError(f"--image-size {given}: {data.name}'s images are {got[0]}x{got[1]} and its reader "
+                          f"({reader}) does not resize them; drop --image-size")  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------- data on the device

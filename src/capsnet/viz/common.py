@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 
-from ..data.scaling import model_scaling
-from ..data.split import Split, to_float
+from ..data.split import Split
 from ..errors import CapsNetError, CheckpointError, DatasetError
 from ..fileio import atomic_open
 from ..models.pretrained import load_pretrained
+from ..models.recipe import model_input
 from ..training.checkpoint import SUMMARY_NAME, resolve_checkpoint
 from ..training.loop import resolve_device
 
@@ -69,7 +69,7 @@ def distinct_classes(labels: torch.Tensor, k: int) -> torch.Tensor:
 
 @torch.no_grad()
 def _forward(model, images: torch.Tensor, *, return_coupling: bool = False):
-    x = model_scaling(model.config)(to_float(images.to(_model_device(model))))  # as it was trained (config.json)
+    x = model_input(model, images.to(_model_device(model)))  # its input recipe (capsnet.models.recipe)
     try:
         return model(x, return_coupling=return_coupling)
     except ValueError as e:  # image shape does not match the model's config

@@ -15,15 +15,14 @@ from typing import Any
 
 import torch
 
-from ..data.scaling import model_scaling
+from ..data.images import check_pixels
 from ..errors import DatasetError
+from ..limits import MAX_UPLOAD_BYTES as MAX_UPLOAD_BYTES
 from ..models.inputs import image_hw
-from ..training.evaluate import class_name, prepare_image
+from ..training.evaluate import class_name, image_files_input
 
 # Uploads the page accepts: at most this many bytes per file, and this many pixels once decoded (a decompression
 # bomb is refused from its header, before its pixels are read).
-MAX_UPLOAD_BYTES = 10 * 2**20
-MAX_UPLOAD_PIXELS = 4096 * 4096
 POSE_RANGE = 0.25  # Fig. 4: each dimension tweaked by offsets in [−0.25, 0.25]
 
 
@@ -58,14 +57,12 @@ def model_input(model: Any, path: str | os.PathLike) -> torch.Tensor:
     """An image file as the model's input batch [1, C, H, W]: `capsnet predict`'s conversion (the model's input
     recipe), after the upload limits."""
     check_upload(path)
-    cfg = model.config
-    device = next(model.parameters()).device
-    return model_scaling(cfg)(prepare_image(Path(path), cfg)[None].to(device))
+    return image_files_input(model, [Path(path)])[0]
 
 
 def check_upload(path: str | os.PathLike) -> None:
-    """DatasetError for a file over MAX_UPLOAD_BYTES, not an image, or over MAX_UPLOAD_PIXELS (read from its
-    header, so a decompression bomb is never decoded)."""
+    """DatasetError for a file over MAX_UPLOAD_BYTES, not an image, or of more pixels than `capsnet predict` decodes
+    (MAX_IMAGE_PIXELS, read from its header, so a decompression bomb is never decoded)."""
     p = Path(path)
     if not p.is_file():
         raise DatasetError(f"{p.name}: no such image file")
@@ -78,8 +75,7 @@ def check_upload(path: str | os.PathLike) -> None:
             width, height = im.size
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError):
         raise DatasetError(f"{p.name}: not a PNG, JPEG or other readable image") from None
-    if width * height > MAX_UPLOAD_PIXELS:
-        raise DatasetError(f"{p.name}: {width}x{height} pixels, over the limit of {MAX_UPLOAD_PIXELS:,}")
+    check_pixels(p.name, (width, height))
 
 
 def class_names(model: Any) -> list[str]:

@@ -1,0 +1,133 @@
+"""The input contract (docs/inputs.md): the same raw uint8 images reach every registered model as the same tensor
+through every path (the eager training batch, the graph step's batch, fit's loader, evaluate, predict from PNG
+files, the ensemble, the exported ONNX graph), for every kind of input recipe; and each refusal is one line."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_api import INPUT, TINY
+
+import capsnet
+from capsnet import create_model
+from capsnet.data.batching import epoch_indices
+from capsnet.data.imageaug import AugmentSpec
+from capsnet.data.split import Split
+from capsnet.models.recipe import model_input, recipe_of
+from capsnet.training import distributed as dist_utils
+from capsnet.training.ensemble import Ensemble
+from capsnet.training.evaluate import evaluate, predict
+from capsnet.training.graphs import StepGraph
+from capsnet.training.loader import LoaderTask
+from capsnet.training.tasks import ClassificationTask
+
+N = 6
+RECIPES = ["identity", "divide-256", "channel-standardize", "digits"]
+
+
+def raw_images(seed: int = 0) -> torch.Tensor:
+    """uint8 [N, 1, 28, 28]: random ink on a black border (a digit-style image predict takes as it is)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (N, 1, 28, 28), generator=g, dtype=torch.uint8)
+    x[..., :3, :] = x[..., -3:, :] = x[..., :, :3] = x[..., :, -3:] = 0
+    return x
+
+
+def by_hand(raw: torch.Tensor, kind: str) -> torch.Tensor:
+    """The model input each recipe means, computed here without capsnet: p / 255, p / 256 or (p − mean) / std."""
+    p = raw.double()
+    if kind == "divide-256":
+        return (p / 256).float()
+    if kind == "channel-standardize":
+        return ((p - p.mean()) / p.std(unbiased=False)).float()
+    return (p / 255).float()
+
+
+def spec_for(kind: str) -> AugmentSpec:
+    return AugmentSpec(shift=0, divisor=256.0 if kind == "divide-256" else 255.0,
+                       channel_standardize=kind == "channel-standardize")  # fmt: skip
+
+
+def model_for(name: str, task: ClassificationTask, kind: str):
+    """The tiny model with the data fields the training task records; a model whose config records none of the
+    recipe's fields carries it as `input_recipe` (a model of one's own does so)."""
+    torch.manual_seed(0)
+    model = create_model(name, **{**INPUT, **TINY.get(name, {})}).eval()
+    fields = {f.name for f in dataclasses.fields(model.config)}
+    recorded = {k: v for k, v in task.model_fields().items() if k in fields}
+    for key, value in recorded.items():
+        setattr(model.config, key, value)
+    if "input_divisor" not in fields:
+        model.input_recipe = dataclasses.replace(task.recipe, digits=kind == "digits")
+    return model
+
+
+class Seen:
+    """The tensors a model's forward received (a forward pre-hook)."""
+
+    def __init__(self, model):
+        self.inputs: list[torch.Tensor] = []
+        model.register_forward_pre_hook(lambda _, args: self.inputs.append(args[0].detach().clone()))
+
+
+def same(got: torch.Tensor, want: torch.Tensor) -> None:
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow  # (seconds per case: every path, PNG files, an ensemble)
+@pytest.mark.parametrize("kind", RECIPES)
+@pytest.mark.parametrize("name", capsnet.list_models())
+def test_every_path_feeds_the_model_the_same_tensor(name, kind, tmp_path):
+    raw, labels = raw_images(), torch.arange(N) % 10
+    want = by_hand(raw, kind)
+    task = ClassificationTask(train=Split(raw, labels), test=Split(raw, labels), augment=spec_for(kind),
+                              digits=kind == "digits")  # fmt: skip
+    model = model_for(name, task, kind)
+    cpu = torch.device("cpu")
+    # The eager training batch (in the epoch's shuffled order) and the graph step's batch (its CPU part).
+    batch = next(task.batches(epoch=0, batch_size=N, seed=0, rank=0, world_size=1, device=cpu,
+                              generator=torch.Generator().manual_seed(0)))  # fmt: skip
+    order = epoch_indices(N, shuffle=True, seed=0, epoch=0, rank=0, world_size=1)
+    same(batch.images, want[order])
+    run = SimpleNamespace(task=task, device=cpu, augment_rng=torch.Generator().manual_seed(0),
+                          config=SimpleNamespace(batch_size=N, seed=0))  # fmt: skip
+    same(StepGraph(run, step=None, capture=False)._batch(torch.arange(N)).images, want)
+    # fit's loader, from a Dataset of uint8 examples.
+    fit_task = LoaderTask(_Examples(raw, labels), val_fraction=0, recipe=recipe_of(model))
+    same(next(fit_task.eval_batches(fit_task.source, N, cpu, dist_utils.DistInfo())).images, want)
+    # evaluate, predict from PNG files, the ensemble: what reached the model, and the same lengths.
+    seen = Seen(model)
+    evaluate(model, Split(raw, labels), batch_size=N)
+    same(seen.inputs[-1], want)
+    paths = [_png(tmp_path / f"{k}.png", raw[k]) for k in range(N)]
+    results = predict(model, paths)
+    same(seen.inputs[-1], want)
+    assert {r["conversion"] for r in results} == (
+        {"digit-style, taken as it is (28x28, dark background)"} if kind == "digits" else {"as it is"}
+    )
+    with torch.no_grad():
+        lengths = model(want).lengths
+        ensemble = Ensemble([model, model])
+        same(ensemble(model_input(ensemble, raw)).lengths, lengths)
+    assert torch.tensor([r["lengths"] for r in results]).sub(lengths).abs().max() <= 1e-5
+
+
+class _Examples(torch.utils.data.Dataset):
+    def __init__(self, images, labels):
+        self.images, self.labels = images, labels
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, k):
+        return self.images[k], int(self.labels[k])
+
+
+def _png(path, image: torch.Tensor):
+    from PIL import Image
+
+    Image.fromarray(image[0].numpy()).save(path)
+    return path
