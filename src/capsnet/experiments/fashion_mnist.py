@@ -87,6 +87,12 @@ RECIPES: dict[str, Recipe] = {
         why="the model's defaults (Adam 3e-3, the decay stretched to x0.25), batch 32, 2 px shifts; not screened "
             "(an epoch takes hours on a CPU)",
     ),
+    "deepcaps": Recipe(
+        epochs=100, batch_size=256, augment="shift=3,rotate=0.1,zoom=0.9:1.1,flip",
+        why="the authors' train.py (github.com/brjathu/deepcaps): Adam 1e-3 halved every 10 epochs (the model's "
+            "default_lr_decay, 0.5^0.1 per epoch), batch 256, 100 epochs, their ImageDataGenerator's shifts, "
+            "rotation, zoom and flips; their second, hard-margin phase not reproduced; not screened",
+    ),
     "baseline": Recipe(
         epochs=60, batch_size=128, augment="shift=2", lr=1e-3,
         why="the paper's baseline CNN at batch 128, where it trains at lr 1e-3 (docs/benchmarks.md), 2 px shifts; "
@@ -104,7 +110,9 @@ QUICK_MODELS: dict[str, dict[str, Any]] = {
     "inverted-attention-capsnet": {"stem_channels": 16, "primary_types": 4, "capsule_types": (4, 4)},
     "em-capsnet": {"conv_channels": 8, "primary_types": 4, "caps1_types": 4, "caps2_types": 4},
     "baseline": {"channels": (8, 8, 4), "hidden": (32, 16)},
-}
+    "deepcaps": {"conv_channels": 8, "cell_types": (4, 4, 4, 4), "cell_dims": (2, 4, 4, 4), "class_dim": 8,
+                 "decoder_channels": (8, 4, 4)},
+}  # fmt: skip
 # Settings a finished or resumed run must share with the command (the rest, e.g. --device, may change).
 RECORDED = ("dataset", "data_dir", "train_subset", "test_subset", "augment", "batch_size", "lr", "lr_decay",
             "seed", "model", "val_fraction", "val_seed")  # fmt: skip
