@@ -139,8 +139,20 @@ def _reject(what: str, model: str) -> None:
     raise ConfigError(f"{what} is not an option of --model {model} (it takes: {', '.join(flags_of(model))})")
 
 
+def run_folder(args: argparse.Namespace) -> Path:
+    """The run folder the command names: --out, else the --config file's `out`, else TrainConfig's default."""
+    if args.out is not None:
+        return Path(args.out)
+    out = load_config_file(args.config_file).get("out") if args.config_file else None
+    if out is None:
+        return Path(field_default(TrainConfig.__dataclass_fields__["out"]))
+    if not isinstance(out, str):
+        raise ConfigError(f"{args.config_file}: 'out' must be a folder name, got {out!r}")
+    return Path(out)
+
+
 def run(args: argparse.Namespace) -> int:
-    run_dir = Path(args.out if args.out is not None else field_default(TrainConfig.__dataclass_fields__["out"]))
+    run_dir = run_folder(args)
     if args.resume and read_record(run_dir) is not None:  # the run's own settings, and the flags given again
         config, model_config = resumed_from_args(args, run_dir)
     else:
