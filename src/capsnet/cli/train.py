@@ -26,6 +26,7 @@ from ..config import (
 from ..data import folder
 from ..errors import ConfigError
 from ..models.registry import MODELS
+from ..training.checkpoint import STATE_NAME
 from ..training.loop import DATA_FIELDS, TrainConfig, train
 from ..training.record import read_record, resumed_configs
 
@@ -153,7 +154,8 @@ def run_folder(args: argparse.Namespace) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     run_dir = run_folder(args)
-    if args.resume and read_record(run_dir) is not None:  # the run's own settings, and the flags given again
+    # Resuming a run: its own settings, and the flags given again.
+    if args.resume and (run_dir / STATE_NAME).is_file() and read_record(run_dir) is not None:
         config, model_config = resumed_from_args(args, run_dir)
     else:
         config, model_config = configs_from_args(args)

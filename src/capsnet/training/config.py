@@ -160,8 +160,10 @@ class FitConfig:
     progress: bool = True
     tensorboard: bool = True
     resume: bool = False
-    cuda_graphs: bool = False  # (the batches of a Dataset or DataLoader are not capturable: always eager)
-    cudnn_benchmark: bool | None = None
+    # Not keywords of capsnet.fit (`internal`): the batches of a Dataset or DataLoader are not capturable, so
+    # always eager; cuDNN keeps the session's setting.
+    cuda_graphs: bool = field(default=False, metadata={"internal": True})
+    cudnn_benchmark: bool | None = field(default=None, metadata={"internal": True})
 
     def __post_init__(self) -> None:
         self.out = str(self.out)

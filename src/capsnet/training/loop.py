@@ -84,9 +84,12 @@ def launch(config: TrainConfig | FitConfig, make_run: Callable[..., Run], on_ste
     device = rank_device(resolve_device(config.device), dist)
     dist = dist_utils.setup(device, dist)  # on CUDA: set_device first, then NCCL
     try:
-        return run_loop(make_run(device, dist), on_step)
+        run = make_run(device, dist)  # (a make_run that fails lets go of the folder itself)
+        try:
+            return run_loop(run, on_step)
+        finally:
+            release(run.dir)
     finally:
-        release(config.out)
         dist_utils.teardown(dist)
 
 

@@ -132,7 +132,7 @@ def conflict_error(
     `capsnet train`, FitConfig for capsnet.fit) lets a resumed run change."""
     key, given, recorded = found[0]
     others = f" (also {', '.join(say(k, v, style) for k, v, _ in found[1:])})" if found[1:] else ""
-    fields = {f.name for f in dataclasses.fields(config_class)}
+    fields = {f.name for f in dataclasses.fields(config_class) if not f.metadata.get("internal")}
     names = [k for k in MAY_CHANGE[:-2] if k in fields]  # (not out and resume: they say which run, and to resume it)
     changeable = ", ".join(k if style == "keyword" else "--" + k.replace("_", "-") for k in names)
     return ConfigError(
