@@ -17,10 +17,12 @@ from capsnet.cli import main
 from capsnet.data import Split, load_dataset
 from capsnet.data.split import holdout_counts, stratified_holdout
 from capsnet.errors import ConfigError, DatasetError
+from capsnet.training import runfolder
 from capsnet.training import tasks as tasks_module
 from capsnet.training.checkpoint import TEST_NAME, checkpoint_info, load_state, read_summary
 from capsnet.training.loop import TrainConfig, build, train
 from capsnet.training.state import restore
+from capsnet.training.tasks import ClassificationTask
 
 TINY = dict(train_subset=60, test_subset=30, batch_size=20, epochs=2, progress=False, tensorboard=False)
 TINY_MODEL = dict(conv_channels=8, primary_types=2)
@@ -118,8 +120,10 @@ def test_resume_drops_the_loaded_state_and_refuses_other_data(tmp_path):
     assert run.state_dict is not None and run.state_dict["model"]["conv1.weight"].device.type == "cpu"
     restore(run)
     assert run.state_dict is None  # the weights and Adam moments are not kept a second time
+    runfolder.release(run.dir)  # (the loop's launch() lets go of the folder; this run was only built)
+    other = ClassificationTask.from_config(_config(tmp_path, train_subset=120))
     with pytest.raises(ConfigError, match="was validated on 6 images, this data gives 12 images"):
-        train(_config(tmp_path, epochs=2, resume=True, train_subset=120), small_config(**TINY_MODEL))
+        train(_config(tmp_path, epochs=2, resume=True), small_config(**TINY_MODEL), task=other)
 
 
 def _dist():

@@ -15,6 +15,7 @@ from capsnet.cli import main
 from capsnet.errors import ConfigError
 from capsnet.models.baseline import BaselineCNN
 from capsnet.training.checkpoint import COLUMNS, load_state, read_summary
+from capsnet.training.config import LR_END
 from capsnet.training.loop import TrainConfig, make_adam, train
 
 TINY = dict(train_subset=96, test_subset=64, batch_size=32, epochs=2, progress=False)
@@ -40,7 +41,7 @@ def test_two_epoch_run_writes_every_output(tmp_path):
         assert set(row) == set(COLUMNS)
         assert 0 <= row["val_acc"] <= 1 and row["images_per_s"] > 0 and row["train_loss"] > 0
     assert rows[1]["lr"] == pytest.approx(rows[0]["lr"] * cfg.decay_per_epoch)
-    assert rows[-1]["lr"] == pytest.approx(cfg.learning_rate * cfg.lr_end)  # the schedule ends at lr × lr_end
+    assert rows[-1]["lr"] == pytest.approx(cfg.learning_rate * LR_END)  # the schedule ends at lr × lr_end
     for sub in ("best", "last"):
         model = CapsNet.from_pretrained(run / sub)
         assert model.config.conv_channels == 16
@@ -103,7 +104,7 @@ def test_resume_extends_a_finished_run(tmp_path):
 def test_decay_per_epoch_stretches_with_the_run():
     assert TrainConfig(epochs=3).decay_per_epoch == pytest.approx(0.5)  # the sample's tuned 3-epoch schedule
     ten = TrainConfig(epochs=10)
-    assert ten.decay_per_epoch**9 == pytest.approx(ten.lr_end)  # the 10th epoch runs at lr × lr_end
+    assert ten.decay_per_epoch**9 == pytest.approx(LR_END) == 0.25  # the 10th epoch runs at lr × lr_end
     assert TrainConfig(epochs=1).decay_per_epoch == 1.0
     assert TrainConfig(epochs=10, lr_decay=0.9).decay_per_epoch == 0.9
     for bad in ({"lr_end": 0.0}, {"lr_end": 1.5}, {"lr_decay": 0.0}, {"lr_decay": 1.2}, {"lr": 0.0}):

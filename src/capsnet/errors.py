@@ -28,5 +28,10 @@ class ConfigError(CapsNetError, ValueError):
     """A configuration value or file is invalid."""
 
 
+class RunFolderError(ConfigError):
+    """A run folder cannot be trained into: another process holds it, it is not a capsnet run, it holds a run of
+    other settings, or it holds nothing to resume."""
+
+
 class ExportError(CapsNetError):
     """A model cannot be exported (to ONNX or torch.export), or its exported file does not match it."""

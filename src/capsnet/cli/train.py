@@ -145,13 +145,27 @@ def _reject(what: str, model: str) -> None:
     raise ConfigError(f"{what} is not an option of --model {model} (it takes: {', '.join(flags_of(model))})")
 
 
+def run_folder(args: argparse.Namespace) -> Path:
+    """The run folder the command names: --out, else the --config file's `out`, else TrainConfig's default."""
+    if args.out is not None:
+        return Path(args.out)
+    out = load_config_file(args.config_file).get("out") if args.config_file else None
+    if out is None:
+        return Path(field_default(TrainConfig.__dataclass_fields__["out"]))
+    if not isinstance(out, str):
+        raise ConfigError(f"{args.config_file}: 'out' must be a folder name, got {out!r}")
+    return Path(out)
+
+
 def run(args: argparse.Namespace) -> int:
+    from ..training.checkpoint import STATE_NAME
     from ..training.loop import train
     from ..training.progress import describe_selection
     from ..training.record import read_record
 
-    run_dir = Path(args.out if args.out is not None else field_default(TrainConfig.__dataclass_fields__["out"]))
-    if args.resume and read_record(run_dir) is not None:  # the run's own settings, and the flags given again
+    run_dir = run_folder(args)
+    # Resuming a run: its own settings, and the flags given again.
+    if args.resume and (run_dir / STATE_NAME).is_file() and read_record(run_dir) is not None:
         config, model_config = resumed_from_args(args, run_dir)
     else:
         config, model_config = configs_from_args(args)

@@ -1,6 +1,6 @@
-"""What a training run is made of, put together before its first step: the run folder's check, the model on its
-device (its data-dependent initialisation done, then wrapped for DDP and torch.compile), Adam and its schedule, the
-augmentation stream, and, when resuming, the state.pt to restore.
+"""What a training run is made of, put together before its first step: the run folder opened with its task and the
+state.pt to resume from (capsnet.training.runfolder), the model on its device (its data-dependent initialisation
+done, then wrapped for DDP and torch.compile), Adam and its schedule, and the augmentation stream.
 
 Two ways in: :func:`build` makes the model from the registry name in a TrainConfig (what `capsnet train` does), and
 :func:`assemble` takes a model instance and any :class:`capsnet.training.tasks.Task` (what `capsnet.fit` does).
@@ -9,7 +9,6 @@ Two ways in: :func:`build` makes the model from the registry name in a TrainConf
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -17,20 +16,15 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..config import from_dict
-from ..errors import CheckpointError, ConfigError
-from ..models.inputs import image_hw
+from ..config import to_dict
+from ..errors import ConfigError
 from ..models.pretrained import Pretrained
 from ..models.registry import MODELS
 from . import distributed as dist_utils
-from .checkpoint import STATE_NAME, load_state
+from . import runfolder
 from .config import FitConfig, TrainConfig
 from .ema import WeightAverage
-from .hardware import default_batch_size, precision_note
 from .memory import check_memory
-from .monitor import DEFAULT_MONITOR, LEGACY_MONITOR
-from .record import check_recorded, fill_unset, recorded_model_name
-from .state import check_validation, resumed_validation
 from .tasks import ClassificationTask, Task
 
 
@@ -67,95 +61,48 @@ def make_adam(
     return torch.optim.Adam(params, lr=lr, capturable=capturable)
 
 
-def open_run(config, device: torch.device, dist, *, flag: str = "--resume", batches: bool = True):
-    """(config with its batch size resolved, the state.pt being resumed or None): the run folder checked against
-    `config.resume` (`flag` names the switch in the messages). A resumed run's unset (None) fields are its own.
-    `batches`: whether the run makes its batches at `batch_size` (then a default is announced)."""
-    run_dir = Path(config.out)
-    has_state = (run_dir / STATE_NAME).is_file()
-    if has_state and not config.resume:
-        out = "--out" if flag.startswith("--") else "out"
-        raise ConfigError(f"{run_dir} already holds a run; pass {flag} to continue it, or choose another {out}")
-    if config.resume and not has_state:
-        raise ConfigError(f"{flag}: {run_dir} holds no {STATE_NAME} to continue from")
-    saved = load_state(run_dir) if config.resume else None  # on the CPU: restore() copies what it needs
-    if saved is not None:
-        config = fill_unset(config, run_dir)  # e.g. the batch size the run was made with, not the device default
-    if config.monitor is None:  # a resumed run without a record of its own chose best/ as runs before monitors did
-        config = dataclasses.replace(config, monitor=DEFAULT_MONITOR if saved is None else LEGACY_MONITOR)
-    if config.batch_size is None:  # the model's recipe, else the device's default (capsnet.training.hardware)
-        name = getattr(config, "model", None)  # (a FitConfig names no registry model)
-        recipe = getattr(MODELS[name], "default_batch_size", None) if isinstance(name, str) and name in MODELS else None
-        config = dataclasses.replace(config, batch_size=recipe or default_batch_size(device))
-        if dist.is_main and batches:
-            flags = "--batch-size and --lr" if flag.startswith("--") else "batch_size= and lr="
-            whose = f"{name}'s recipe" if recipe else f"the {device.type} defaults"
-            print(f"batch size {config.batch_size} per process, lr {config.learning_rate:g} ({whose}; set "
-                  f"{flags} to change)", flush=True)  # fmt: skip
-    note = precision_note(device, config.precision)
-    if note and dist.is_main:
-        print(note, file=sys.stderr, flush=True)
-    return config, saved
-
-
 def build(config: TrainConfig, model_config, device: torch.device, dist, task: Task | None) -> Run:
-    """`capsnet train`'s run: the folder, the task (by default the classification recipe on config.dataset), the
-    model from the registry name config.model (the saved one when resuming), then :func:`assemble`."""
-    config, saved = open_run(config, device, dist)
-    run_dir = Path(config.out)
-    if saved is not None:
-        check_recorded(config, run_dir, only=("model", "dataset"))  # before any data is read
-        if task is None:
-            config = resumed_validation(config, saved)
-    task = task if task is not None else ClassificationTask.from_config(config)
-    if saved is not None:
-        check_validation(task, saved, run_dir)
-        check_recorded(config, run_dir)  # the run's own settings, but for what may change on resume
+    """`capsnet train`'s run: the folder opened with its task (by default the classification recipe on
+    config.dataset; capsnet.training.runfolder.open_run), the model from the registry name config.model (the saved
+    one when resuming), then :func:`assemble`."""
     model_class = MODELS[config.model]
-    if saved is not None:  # the run's model is the one saved with it
-        model_config = saved_model_config(model_class, saved, run_dir, config.model)
     if model_config is not None and not isinstance(model_config, model_class.config_class):
         raise ConfigError(f"model {config.model!r} takes a {model_class.config_class.__name__}")
     model_config = model_config or model_class.config_class()
+    opened = runfolder.open_run(
+        config,
+        device,
+        dist,
+        make_task=lambda settled: task if task is not None else ClassificationTask.from_config(settled),
+        model_settings=to_dict(model_config),
+    )
+    try:
+        return _build_model(opened, model_config, device, dist)
+    except BaseException:
+        runfolder.release(config.out)
+        raise
+
+
+def _build_model(opened: runfolder.OpenedRun, model_config: Any, device: torch.device, dist) -> Run:
+    """The registry model of an opened run: its config from the state.pt when resuming, the data's fields filled
+    in, its memory checked, then :func:`assemble`."""
+    config, task, saved = opened.config, opened.task, opened.saved
+    assert isinstance(config, TrainConfig)
+    run_dir = Path(config.out)
+    model_class = MODELS[config.model]
+    if saved is not None:  # the run's model is the one saved with it
+        model_config = runfolder.saved_model_config(model_class, saved, run_dir, config.model)
     taken = {f.name for f in dataclasses.fields(model_config)}  # the data fields this model's config records
     fields = {k: v for k, v in task.model_fields().items() if k in taken}
     if saved is not None:
-        check_same_shape(model_config, fields, run_dir)
+        runfolder.check_same_shape(model_config, fields, run_dir)
     model_config = dataclasses.replace(model_config, **fields)
 
-    assert config.batch_size is not None  # the device's default was filled in above
+    assert config.batch_size is not None  # resolved by open_run()
     check_memory(model_config, config.batch_size, device)  # one line with the fixes, before allocating anything
     torch.manual_seed(config.seed)
     model = model_class(config=model_config)
     return assemble(config, model, task, device, dist, saved=saved, model_config=model_config)
-
-
-def saved_model_config(model_class: type[Pretrained], saved: dict, run_dir: Path, name: str) -> Any:
-    """The model config a state.pt saved, for `model_class`; CheckpointError naming the run's model when the state
-    is another model's."""
-    recorded = recorded_model_name(saved, run_dir)
-    if recorded is not None and recorded in MODELS and MODELS.canonical(recorded) != MODELS.canonical(name):
-        raise CheckpointError(f"{run_dir / STATE_NAME}: a run of model {recorded!r}, not {name!r}")
-    saved_config = {**model_class.saved_defaults, **(saved.get("model_config") or {})}  # older runs' keys
-    try:
-        return from_dict(model_class.config_class, saved_config, what=f"{run_dir}/{STATE_NAME}")
-    except ConfigError as e:
-        run_model = f"model {recorded!r}" if recorded and recorded != name else "another model"
-        raise CheckpointError(f"{run_dir / STATE_NAME}: a run of {run_model}, not of {name!r} ({e})") from None
-
-
-def check_same_shape(model_config: Any, fields: dict[str, Any], run_dir: Path) -> None:
-    """ConfigError when the data would change the resumed model's input or classes (other data than the run's)."""
-    saved = (model_config.in_channels, image_hw(model_config.image_size), model_config.n_classes)
-    now = (fields.get("in_channels", saved[0]), image_hw(fields.get("image_size", model_config.image_size)),
-           fields.get("n_classes", saved[2]))  # fmt: skip
-    if now != saved:
-
-        def say(c, hw, n):
-            return f"{c}x{hw[0]}x{hw[1]} images of {n} classes"
-
-        raise ConfigError(f"--resume: {run_dir} trained on {say(*saved)}, this data gives {say(*now)}; resume with "
-                          "the run's own data")  # fmt: skip
 
 
 def assemble(
@@ -201,7 +148,7 @@ def init_from_data(model: nn.Module, task: Task, config, device: torch.device, d
     hook = getattr(type(model), "init_from_data", None)
     if hook is None or hook is Pretrained.init_from_data:
         return
-    assert config.batch_size is not None  # resolved in open_run()
+    assert config.batch_size is not None  # resolved by runfolder.open_run()
     first = task.init_batch(batch_size=config.batch_size, seed=config.seed, world_size=dist.world_size,
                             device=device)  # fmt: skip
     if first is not None:  # (an epoch without batches trains nothing either)
@@ -217,4 +164,4 @@ def _match_grad_strides(model: torch.nn.Module) -> None:
             p.register_hook(lambda g, p=p: g.as_strided(p.shape, p.stride()) if g.is_contiguous() else g)
 
 
-__all__ = ["Run", "assemble", "build", "init_from_data", "make_adam", "open_run"]
+__all__ = ["Run", "assemble", "build", "init_from_data", "make_adam"]

@@ -21,6 +21,9 @@ def check_decay(decay: float | None) -> None:
         raise ConfigError(f"ema must be a decay in (0, 1), e.g. 0.999, got {decay}")
 
 
+LR_END = 0.25  # the last epoch's share of the learning rate when neither a decay nor lr_end is given
+
+
 @dataclass
 class TrainConfig:
     """How to train; the model's own options live in its config (e.g. :class:`capsnet.CapsNetConfig`)."""
@@ -89,11 +92,14 @@ class TrainConfig:
     )
     lr_decay: float | None = field(
         default=None,
-        metadata={"help": "learning rate factor applied after every epoch; if unset, lr_end^(1/(epochs-1))"},
-    )
-    lr_end: float = field(
-        default=0.25, metadata={"help": "without --lr-decay, the last epoch trains at lr x lr_end (3 epochs: x0.5)"}
-    )
+        metadata={"help": "learning rate factor applied after every epoch (or give --lr-end); if neither is set, the "
+                  "model's own decay where its recipe has one, else --lr-end 0.25"},
+    )  # fmt: skip
+    lr_end: float | None = field(
+        default=None,
+        metadata={"help": "the last epoch trains at lr x lr_end, the decay stretched over --epochs (0.25 over 3 "
+                  "epochs: x0.5 each); overrides the model's own decay; not with --lr-decay"},
+    )  # fmt: skip
     eval_batch_size: int = field(default=250, metadata={"help": "images per evaluation batch"})
     seed: int = field(default=0, metadata={"help": "seed for initialisation, shuffling and augmentation"})
     device: str = field(default="auto", metadata={"help": "auto, cpu, cuda or cuda:K"})
@@ -136,9 +142,7 @@ class TrainConfig:
             parse_size(self.image_size)
         except DatasetError as e:
             raise ConfigError(str(e)) from None
-        lr_ok = self.lr is None or self.lr > 0
-        if not (lr_ok and 0 < self.lr_end <= 1 and (self.lr_decay is None or 0 < self.lr_decay <= 1)):
-            raise ConfigError("need lr > 0, 0 < lr_decay <= 1 and 0 < lr_end <= 1")
+        check_schedule(self.lr, self.lr_decay, self.lr_end)
         check_selection(self)
 
     @property
@@ -150,16 +154,15 @@ class TrainConfig:
 
     @property
     def decay_per_epoch(self) -> float:
-        """The exponential decay's factor per epoch: `lr_decay` if given, else the factor that brings the last
-        epoch's learning rate to lr × lr_end, so the schedule stretches with `epochs` (1 epoch: no decay)."""
-        if self.lr_decay is not None:
-            return self.lr_decay
-        from ..models.registry import MODELS
+        """The exponential decay's factor per epoch: `lr_decay` if given; else, with `lr_end` given, the factor
+        that brings the last epoch's learning rate to lr × lr_end, so the schedule stretches with `epochs` (1
+        epoch: no decay); else the model's own (`default_lr_decay`, a paper's recipe), else lr_end LR_END."""
+        from ..models.registry import MODELS  # (torch: the parser reads these fields without it)
 
-        model_decay = getattr(MODELS[self.model], "default_lr_decay", None)  # a paper's own recipe (Efficient-CapsNet)
-        if model_decay is not None:
+        model_decay = getattr(MODELS[self.model], "default_lr_decay", None)  # (Efficient-CapsNet, HVC)
+        if self.lr_decay is None and self.lr_end is None and model_decay is not None:
             return model_decay
-        return self.lr_end ** (1.0 / (self.epochs - 1)) if self.epochs > 1 else 1.0
+        return decay_per_epoch(self.lr_decay, self.lr_end, self.epochs)
 
 
 @dataclass
@@ -173,8 +176,8 @@ class FitConfig:
     batch_size: int | None = None  # a Dataset's images per step, per process (an iterable batches for itself)
     eval_batch_size: int = 250
     lr: float | None = None  # (None: 1e-3; capsnet.fit gives the model's default_lr, or a resumed run's own)
-    lr_decay: float | None = None
-    lr_end: float = 0.25
+    lr_decay: float | None = None  # (capsnet.fit gives the model's default_lr_decay when neither is given)
+    lr_end: float | None = None  # (None: LR_END)
     val_fraction: float = 0.1  # held out of a Dataset given without val_data
     val_seed: int = 0
     monitor: str | None = None  # what chooses best/ (capsnet.training.monitor); None: the default, or the run's own
@@ -188,8 +191,10 @@ class FitConfig:
     progress: bool = True
     tensorboard: bool = True
     resume: bool = False
-    cuda_graphs: bool = False  # (the batches of a Dataset or DataLoader are not capturable: always eager)
-    cudnn_benchmark: bool | None = None
+    # Not keywords of capsnet.fit (`internal`): the batches of a Dataset or DataLoader are not capturable, so
+    # always eager; cuDNN keeps the session's setting.
+    cuda_graphs: bool = field(default=False, metadata={"internal": True})
+    cudnn_benchmark: bool | None = field(default=None, metadata={"internal": True})
 
     def __post_init__(self) -> None:
         self.out = str(self.out)
@@ -202,9 +207,7 @@ class FitConfig:
             raise ConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
-        lr_ok = self.lr is None or self.lr > 0
-        if not (lr_ok and 0 < self.lr_end <= 1 and (self.lr_decay is None or 0 < self.lr_decay <= 1)):
-            raise ConfigError("need lr > 0, 0 < lr_decay <= 1 and 0 < lr_end <= 1")
+        check_schedule(self.lr, self.lr_decay, self.lr_end)
         check_selection(self)
 
     @property
@@ -214,9 +217,26 @@ class FitConfig:
     @property
     def decay_per_epoch(self) -> float:
         """`lr_decay` if given, else the factor that brings the last epoch's learning rate to lr × lr_end."""
-        if self.lr_decay is not None:
-            return self.lr_decay
-        return self.lr_end ** (1.0 / (self.epochs - 1)) if self.epochs > 1 else 1.0
+        return decay_per_epoch(self.lr_decay, self.lr_end, self.epochs)
+
+
+def check_schedule(lr: float | None, lr_decay: float | None, lr_end: float | None) -> None:
+    """ConfigError for a learning rate or schedule out of range, or for both lr_decay and lr_end: each sets the
+    decay per epoch, so an explicit one wins over a model's own decay and the two together are a conflict."""
+    if lr_decay is not None and lr_end is not None:
+        raise ConfigError(f"lr_decay {lr_decay:g} and lr_end {lr_end:g} both set the learning rate's decay: give one "
+                          "(--lr-decay, a factor per epoch, or --lr-end, the last epoch's share of lr)")  # fmt: skip
+    if not ((lr is None or lr > 0) and (lr_end is None or 0 < lr_end <= 1)
+            and (lr_decay is None or 0 < lr_decay <= 1)):  # fmt: skip
+        raise ConfigError("need lr > 0, 0 < lr_decay <= 1 and 0 < lr_end <= 1")
+
+
+def decay_per_epoch(lr_decay: float | None, lr_end: float | None, epochs: int) -> float:
+    """`lr_decay`, else the factor that takes the learning rate to lr × lr_end (LR_END if None) in the last epoch."""
+    if lr_decay is not None:
+        return lr_decay
+    end = lr_end if lr_end is not None else LR_END
+    return end ** (1.0 / (epochs - 1)) if epochs > 1 else 1.0
 
 
 @dataclass

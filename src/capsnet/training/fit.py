@@ -20,24 +20,23 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
+from ..config import to_dict
 from ..errors import ConfigError, DatasetError
 from ..models.inputs import image_hw
 from ..models.pretrained import Pretrained
 from ..models.recipe import recipe_of
-from .build import Run, assemble, open_run
+from .build import Run, assemble
 from .checkpoint import model_name
 from .config import FitConfig, TrainResult
 from .loader import LoaderTask
 from .loop import launch
 from .memory import check_memory
-from .record import check_recorded
-from .state import check_data, check_validation
+from .runfolder import open_run, release
 
 PROTOCOL = ("forward(images, labels=None) returning an object with .predictions [B], and loss(out, images, labels) "
             "returning (loss, parts)")  # fmt: skip
@@ -57,7 +56,7 @@ def fit(
     eval_batch_size: int = 250,
     lr: float | None = None,
     lr_decay: float | None = None,
-    lr_end: float = 0.25,
+    lr_end: float | None = None,
     seed: int = 0,
     monitor: str | None = None,
     ema: float | None = None,
@@ -80,7 +79,8 @@ def fit(
     `test_data` is scored once, at the end, on best/ and last/ (test.json). `batch_size` (per process; default 16
     on CPU, 128 on CUDA) and `workers` (DataLoader processes) apply to a Dataset; an iterable batches for itself.
     `lr` defaults to the model's (1e-3 for a module of one's own); the learning rate decays each epoch by `lr_decay`,
-    or else down to lr × lr_end in the last epoch. `monitor` chooses best/ (capsnet.training.monitor: "val_loss",
+    or down to lr × `lr_end` in the last epoch; with neither, by the model's `default_lr_decay` where it has one,
+    else to lr × 0.25. Giving both is a ConfigError. `monitor` chooses best/ (capsnet.training.monitor: "val_loss",
     the default, "val_accuracy", or "val_accuracy,val_loss"); `ema` (a decay, e.g. 0.999) keeps a moving average of
     the weights, scored beside them each epoch, and best/ may hold it (capsnet.training.ema). `on_step(step)`
     returning True stops with a checkpoint, as SIGINT and SIGTERM do.
@@ -103,7 +103,8 @@ def fit(
     config = FitConfig(
         epochs=epochs, out=str(out), model=model_name(model), batch_size=batch_size, eval_batch_size=eval_batch_size,
         lr=lr if lr is not None or resume else getattr(cls, "default_lr", 1e-3),  # (resuming, unset: the run's)
-        lr_decay=lr_decay if lr_decay is not None or resume else getattr(cls, "default_lr_decay", None),
+        lr_decay=lr_decay if lr_decay is not None or lr_end is not None or resume else getattr(cls, "default_lr_decay",
+                                                                                                None),
         lr_end=lr_end, val_fraction=val_fraction, val_seed=val_seed, monitor=monitor, ema=ema, seed=seed,
         workers=workers, device=device,
         precision=precision, compile=compile, channels_last=channels_last, progress=progress,
@@ -118,22 +119,26 @@ def fit(
 
 
 def _make_run(config: FitConfig, model: nn.Module, task: LoaderTask, device: torch.device, dist) -> Run:
-    config, saved = open_run(config, device, dist, flag="resume=True", batches=task.source.indexed)
-    run_dir = Path(config.out)
-    if saved is not None:
-        check_recorded(config, run_dir)
-        check_validation(task, saved, run_dir)
-        check_data(task, saved, run_dir)
-    task.check_ranks(dist)
     model_config = getattr(model, "config", None)
     model_config = model_config if dataclasses.is_dataclass(model_config) else None
-    assert config.batch_size is not None  # resolved by open_run()
-    if isinstance(model, Pretrained):
-        check_memory(model_config, config.batch_size, device)  # one line with the fixes, before allocating
-    model.to(device)
-    check_first_batch(model, task, batch_size=config.batch_size, device=device)
-    torch.manual_seed(config.seed)  # dropout and the rest of the run's random numbers
-    return assemble(config, model, task, device, dist, saved=saved, model_config=model_config)
+
+    def check_task(settled: FitConfig, task: LoaderTask) -> None:  # the data against the model, before the folder
+        task.check_ranks(dist)
+        assert settled.batch_size is not None  # resolved by open_run()
+        if isinstance(model, Pretrained):
+            check_memory(model_config, settled.batch_size, device)  # one line with the fixes, before allocating
+        model.to(device)
+        check_first_batch(model, task, batch_size=settled.batch_size, device=device)
+
+    opened = open_run(config, device, dist, make_task=lambda settled: task, check_task=check_task,
+                      model_settings=to_dict(model_config) if model_config is not None else None, flag="resume=True",
+                      batches=task.source.indexed)  # fmt: skip
+    try:
+        torch.manual_seed(opened.config.seed)  # dropout and the rest of the run's random numbers
+        return assemble(opened.config, model, task, device, dist, saved=opened.saved, model_config=model_config)
+    except BaseException:
+        release(config.out)
+        raise
 
 
 @torch.no_grad()

@@ -36,7 +36,8 @@ from .hardware import rank_device, resolve_device
 from .monitor import Monitor, best_scores
 from .profiling import phase
 from .progress import _Logger, _StopFlag
-from .record import resumed_configs
+from .record import resumed_configs, split_changes
+from .runfolder import release, resumed_line
 from .state import EpochSums, RunState, restore, save_checkpoint
 from .tasks import Batch, Task
 
@@ -72,20 +73,23 @@ def resume(out: str | Path, *, on_step: Callable[[int], bool] | None = None, **c
     `capsnet train --out OUT --resume` does. `changes` are TrainConfig fields or model options given again: each
     must agree with the record unless it may change on resume (e.g. epochs=20, device="cuda"; see
     capsnet.training.record.MAY_CHANGE); otherwise a ConfigError names it and both values."""
-    names = set(TrainConfig.__dataclass_fields__)
-    given = {k: v for k, v in changes.items() if k in names}
-    config, model_config = resumed_configs(out, given, {k: v for k, v in changes.items() if k not in names})
+    config, model_config = resumed_configs(out, *split_changes(changes))
     return train(config, model_config, on_step=on_step)
 
 
 def launch(config: TrainConfig | FitConfig, make_run: Callable[..., Run], on_step) -> TrainResult:
     """Join torchrun's process group (when launched by it) on this rank's device, build the run there with
-    `make_run(device, dist)` and train it (:func:`run_loop`); leave the group at the end."""
+    `make_run(device, dist)` and train it (:func:`run_loop`); at the end, let go of the run folder's lock and
+    leave the group."""
     dist = dist_utils.from_env()
     device = rank_device(resolve_device(config.device), dist)
     dist = dist_utils.setup(device, dist)  # on CUDA: set_device first, then NCCL
     try:
-        return run_loop(make_run(device, dist), on_step)
+        run = make_run(device, dist)  # (a make_run that fails lets go of the folder itself)
+        try:
+            return run_loop(run, on_step)
+        finally:
+            release(run.dir)
     finally:
         dist_utils.teardown(dist)
 
@@ -95,7 +99,12 @@ def run_loop(run: Run, on_step: Callable[[int], bool] | None) -> TrainResult:
     dist = run.dist
     if dist.is_main:
         remove_strays(run.dir)  # what a kill of an earlier attempt left
-    state = restore(run) if run.state_dict is not None else RunState(sums=EpochSums.zeros(run.device))
+    resuming = run.state_dict is not None
+    state = restore(run) if resuming else RunState(sums=EpochSums.zeros(run.device))
+    if resuming and dist.is_main:
+        assert run.config.batch_size is not None
+        n_batches = run.task.num_batches(batch_size=run.config.batch_size, world_size=dist.world_size)
+        print(resumed_line(state.epoch, state.batch_in_epoch, n_batches, run.config.epochs), flush=True)
     log = _Logger(run.dir, run.config, dist.is_main)
     log.start(run, state)
     stop = False

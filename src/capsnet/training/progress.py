@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .._version import __version__
 from ..config import to_dict
 from ..fileio import atomic_write_json
 from .checkpoint import write_summary
 from .config import FitConfig, TrainConfig
 from .monitor import SELECTED_ON
+from .record import RECORD_MARK
 
 if TYPE_CHECKING:  # annotations only: the loop imports this module
     from .build import Run
@@ -90,7 +92,7 @@ class _Logger:
             return
         run.dir.mkdir(parents=True, exist_ok=True)
         model = to_dict(run.model_config) if run.model_config is not None else None  # (None: a module of one's own)
-        meta = {"train": to_dict(run.config), "model": model, "task": run.task.name,
+        meta = {"train": to_dict(run.config), "model": model, "task": run.task.name, RECORD_MARK: __version__,
                 **getattr(run.task, "recorded", {})}  # e.g. the augmentation "auto" resolved to  # fmt: skip
         atomic_write_json(run.dir / "config.json", meta)
         if state.history:

@@ -31,7 +31,9 @@ from .config import FitConfig, TrainConfig, upgrade_monitor, upgrade_train_dict
 MAY_CHANGE = ("epochs", "lr_decay", "lr_end", "eval_batch_size", "device", "precision", "channels_last", "compile",
               "cuda_graphs", "cudnn_benchmark", "progress", "tensorboard", "workers", "data_dir", "out",
               "resume")  # fmt: skip
-FROM_STATE = ("val_fraction", "val_seed")  # a TrainConfig's split is its state.pt's (state.resumed_validation)
+FROM_STATE = ("val_fraction", "val_seed")  # a TrainConfig's split is the one its record says (runfolder.settle)
+SCHEDULE = ("lr_decay", "lr_end")  # one setting, given either way: one given now replaces the run's other
+RECORD_MARK = "capsnet_version"  # a key of every record written since lr_end may be unset (upgrade_schedule)
 FIT_TASK = "loader"  # the task name of a run made by capsnet.fit
 FIT_RUN = "a run made by capsnet.fit (its data came from Python); resume it with capsnet.fit(..., resume=True)"
 
@@ -53,10 +55,28 @@ def read_record(run_dir: str | Path) -> dict[str, Any] | None:
 def recorded_settings(meta: dict[str, Any], config_class: type) -> dict[str, Any]:
     """The record's "train" settings that `config_class` has (in today's meaning of each key)."""
     names = {f.name for f in dataclasses.fields(config_class)}
-    train = dict(meta["train"])
+    train = upgrade_schedule(dict(meta["train"]), legacy=RECORD_MARK not in meta)
     train = upgrade_train_dict(train) if config_class is TrainConfig else train
     train = upgrade_monitor(train)  # (best/ as such a run chose it)
     return {k: v for k, v in train.items() if k in names}
+
+
+def upgrade_schedule(train: dict[str, Any], *, legacy: bool) -> dict[str, Any]:
+    """The recorded learning-rate schedule as today's settings: lr_decay or lr_end, not both. Where a record has
+    both, lr_decay was the one in effect. A `legacy` record (written before lr_end could be unset) of a model with
+    its own default_lr_decay, without lr_decay, trained at that decay whatever its lr_end said."""
+    if train.get("lr_decay") is not None:
+        return {**train, "lr_end": None}
+    model = train.get("model")
+    own = getattr(MODELS[model], "default_lr_decay", None) if isinstance(model, str) and model in MODELS else None
+    return {**train, "lr_end": None} if legacy and own is not None else train
+
+
+def without_other_schedule(recorded: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`recorded` without its schedule settings when `given` sets the schedule (either of SCHEDULE)."""
+    if any(given.get(k) is not None for k in SCHEDULE):
+        return {k: v for k, v in recorded.items() if k not in SCHEDULE}
+    return recorded
 
 
 def recorded_model_name(saved: dict[str, Any], run_dir: Path) -> str | None:
@@ -72,7 +92,8 @@ def recorded_model_name(saved: dict[str, Any], run_dir: Path) -> str | None:
     return model if isinstance(model, str) else None
 
 
-def _same(a: Any, b: Any) -> bool:
+def same(a: Any, b: Any) -> bool:
+    """Whether two settings are equal as config.json records them (a tuple as a list)."""
     return json.loads(json.dumps(a)) == json.loads(json.dumps(b))  # (tuples as lists)
 
 
@@ -88,7 +109,7 @@ def conflicts(given: dict[str, Any], recorded: dict[str, Any], *, skip=()) -> li
     for key, value in given.items():
         if key in MAY_CHANGE or key in skip or key not in recorded or value is None:
             continue
-        if not _same(_canonical(key, value), _canonical(key, recorded[key])):
+        if not same(_canonical(key, value), _canonical(key, recorded[key])):
             found.append((key, value, recorded[key]))
     return found
 
@@ -105,10 +126,15 @@ def say(key: str, value: Any, style: str) -> str:
     return f"{flag} {value}"
 
 
-def conflict_error(run_dir: Path, found: list[tuple[str, Any, Any]], *, style: str, hint: str = "") -> ConfigError:
+def conflict_error(
+    run_dir: Path, found: list[tuple[str, Any, Any]], *, style: str, config_class: type, hint: str = ""
+) -> ConfigError:
+    """The one line for settings that disagree with the run's record, with what `config_class` (TrainConfig for
+    `capsnet train`, FitConfig for capsnet.fit) lets a resumed run change."""
     key, given, recorded = found[0]
     others = f" (also {', '.join(say(k, v, style) for k, v, _ in found[1:])})" if found[1:] else ""
-    names = MAY_CHANGE[:-2]  # (not out and resume: they say which run, and to resume it)
+    fields = {f.name for f in dataclasses.fields(config_class) if not f.metadata.get("internal")}
+    names = [k for k in MAY_CHANGE[:-2] if k in fields]  # (not out and resume: they say which run, and to resume it)
     changeable = ", ".join(k if style == "keyword" else "--" + k.replace("_", "-") for k in names)
     return ConfigError(
         f"{run_dir}: {say(key, given, style)} conflicts with the run's recorded {say(key, recorded, style)}{others}; "
@@ -132,7 +158,7 @@ def check_recorded(config: TrainConfig | FitConfig, run_dir: Path, *, only=None)
     found = conflicts(given, recorded_settings(meta, type(config)), skip=() if fit else FROM_STATE)
     if found:
         hint = "" if fit else "; capsnet.training.resume(OUT, **changes) takes the run's own settings"
-        raise conflict_error(run_dir, found, style="keyword", hint=hint)
+        raise conflict_error(run_dir, found, style="keyword", config_class=type(config), hint=hint)
 
 
 def fill_unset(config: Any, run_dir: Path) -> Any:
@@ -140,7 +166,7 @@ def fill_unset(config: Any, run_dir: Path) -> Any:
     meta = read_record(run_dir)
     if meta is None:
         return config
-    recorded = recorded_settings(meta, type(config))
+    recorded = without_other_schedule(recorded_settings(meta, type(config)), to_dict(config))
     fills = {k: v for k, v in recorded.items() if getattr(config, k) is None and v is not None}
     if not fills:
         return config
@@ -164,8 +190,9 @@ def resumed_configs(
         raise ConfigError(f"unknown setting(s) {', '.join(unknown)} (TrainConfig fields or model options)")
     found = conflicts(given, recorded)
     if found:  # (before the model's config: another --model is the conflict to name)
-        raise conflict_error(run_dir, found, style=style)
+        raise conflict_error(run_dir, found, style=style, config_class=TrainConfig)
     kept = {k: v for k, v in given.items() if v is not None}
+    recorded = without_other_schedule(recorded, kept)
     config = from_dict(TrainConfig, {**recorded, **kept, "out": str(run_dir), "resume": True},
                        what=f"{run_dir}/config.json")  # fmt: skip
     model_class = MODELS[config.model]
@@ -176,11 +203,17 @@ def resumed_configs(
     for key, value in (model_given or {}).items():
         if key not in options:
             raise ConfigError(f"{run_dir}: {say(key, value, style)} is not an option of the run's model {config.model}")
-        if value is not None and not _same(value, getattr(model_config, key)):
+        if value is not None and not same(value, getattr(model_config, key)):
             found.append((key, value, to_dict(model_config)[key]))
     if found:
-        raise conflict_error(run_dir, found, style=style)
+        raise conflict_error(run_dir, found, style=style, config_class=TrainConfig)
     return config, model_config
 
 
-__all__ = ["MAY_CHANGE", "check_recorded", "fill_unset", "read_record", "resumed_configs"]
+def split_changes(changes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Keyword changes to a resumed run as (TrainConfig settings, model options)."""
+    names = set(TrainConfig.__dataclass_fields__)
+    return {k: v for k, v in changes.items() if k in names}, {k: v for k, v in changes.items() if k not in names}
+
+
+__all__ = ["MAY_CHANGE", "check_recorded", "fill_unset", "read_record", "resumed_configs", "split_changes"]

@@ -1,18 +1,17 @@
 """A run's state and its checkpoint: the running sums of an epoch, where the run is (what state.pt saves and
-`--resume` restores), the checkpoint set written at the end of each epoch and at a stop, and the validation split
-a resumed run keeps (the one it recorded)."""
+`--resume` restores), and the checkpoint set written at the end of each epoch and at a stop. (Which run is resumed,
+and whether its data and settings are its own: capsnet.training.runfolder.)"""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..config import to_dict
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError
+from . import distributed as dist_utils
 from .checkpoint import (
     STATE_NAME,
     get_rng_states,
@@ -24,8 +23,6 @@ from .checkpoint import (
     view_metadata,
     write_summary,
 )
-from .config import TrainConfig
-from .tasks import Task
 
 if TYPE_CHECKING:  # annotations only: the run's builder imports this module
     from .build import Run
@@ -107,8 +104,11 @@ def restore(run: Run) -> RunState:
     best = saved.get("best") or _best_of_old_state(saved)
     restore_views(run.dir, {**saved, "best": best}, run.model, is_main=run.dist.is_main,
                   best_model=_best_model(run, best))  # fmt: skip
+    # "running" holds the sums over every rank (rank 0 restores them, the others start from zero); a state.pt
+    # without "running_ranks" holds rank 0's sums alone, which every rank restores.
+    own = run.dist.is_main or "running_ranks" not in saved
     state = RunState(
-        EpochSums.from_list(list(saved["running"]), run.device),
+        EpochSums.from_list(list(saved["running"]) if own else [0.0] * 4, run.device),
         saved["epoch"],
         saved["batch_in_epoch"],
         saved["step"],
@@ -130,7 +130,7 @@ def save_checkpoint(run: Run, state: RunState, *, epoch_done: bool) -> None:
     """The checkpoint set, on rank 0 (with every rank's augmentation stream): state.pt first, the commit point;
     then its views last/, best/ (when this epoch is the new best) and summary.csv (see training/checkpoint.py)."""
     rng = get_rng_states(run.device, run.augment_rng, run.dist)  # a collective under torchrun: every rank calls it
-    running = [0.0] * 4 if epoch_done else state.sums.to_list()
+    running = [0.0] * 4 if epoch_done else dist_utils.all_sum(state.sums.to_list(), run.dist, run.device)
     if not run.dist.is_main:
         return
     saved = {
@@ -146,7 +146,8 @@ def save_checkpoint(run: Run, state: RunState, *, epoch_done: bool) -> None:
         "validation": getattr(run.task, "recorded", {}).get("validation"),
         "data": getattr(run.task, "recorded", {}).get("data"),
         "history": state.history,
-        "running": running,
+        "running": running,  # [loss sum, correct, count, seconds], summed over the ranks
+        "running_ranks": run.dist.world_size,
         "rng": rng,
     }
     if run.ema is not None:
@@ -161,36 +162,3 @@ def save_checkpoint(run: Run, state: RunState, *, epoch_done: bool) -> None:
 def _best_model(run: Run, best: dict[str, Any]) -> torch.nn.Module:
     """The weights best/ holds when this checkpoint is the best: the moving average's (--ema) or the model's."""
     return run.ema.model if run.ema is not None and best.get("weights") == "ema" else run.model
-
-
-def resumed_validation(config: TrainConfig, saved: dict) -> TrainConfig:
-    """The TrainConfig with the validation split the resumed run recorded (val_fraction and val_seed). A run made
-    before validation splits chose best/ on the test set, and keeps doing so."""
-    recorded = saved.get("validation")
-    if recorded is None:
-        return dataclasses.replace(config, val_fraction=0.0)
-    fraction = recorded.get("fraction", 0.0 if recorded.get("source") == "none" else config.val_fraction)
-    return dataclasses.replace(config, val_fraction=fraction, val_seed=recorded.get("seed", config.val_seed))
-
-
-def check_validation(task: Task, saved: dict, run_dir: Path) -> None:
-    """ConfigError unless `task` validates as the resumed run did: the same presence and size of the split."""
-    recorded = saved.get("validation") or {"source": "none"}
-    mine = getattr(task, "recorded", {}).get("validation", {"source": "given" if task.has_val else "none"})
-    if (recorded["source"] == "none") != (not task.has_val) or recorded.get("n", mine.get("n")) != mine.get("n"):
-        raise ConfigError(f"--resume: {run_dir} was validated on {_describe(recorded)}, this data gives "
-                          f"{_describe(mine)}; resume with the run's own data and --val-fraction")  # fmt: skip
-
-
-def check_data(task: Task, saved: dict, run_dir: Path) -> None:
-    """ConfigError unless the sizes of `task`'s data (capsnet.fit's: its "data" record) are the resumed run's."""
-    recorded, mine = saved.get("data") or {}, getattr(task, "recorded", {}).get("data") or {}
-    for part in ("train", "val", "test"):
-        then, now = (recorded.get(part) or {}).get("n"), (mine.get(part) or {}).get("n")
-        if then is not None and now is not None and then != now:
-            raise ConfigError(f"resume: {run_dir} was trained with {then:,} {part} examples, this {part} data has "
-                              f"{now:,}; resume with the run's own data")  # fmt: skip
-
-
-def _describe(validation: dict) -> str:
-    return "no validation split" if validation["source"] == "none" else f"{validation.get('n', '?')} images"

@@ -1,0 +1,308 @@
+"""The run folder, opened in one order by `capsnet train`, :func:`capsnet.training.train` and :func:`capsnet.fit`.
+
+:func:`open_run` is the one way in. Its steps, in this order (each refusal is one line, a CapsNetError):
+
+1. Settings. Resuming, the run's config.json is the truth: a setting not given is the run's own, one given again
+   must agree with it unless it may change on resume (capsnet.training.record), and the validation split is the
+   one it recorded. A resume needs the run's state.pt. The batch size is resolved.
+2. Data. The task is made (its data opened) and checked by the caller's hook (fit: a first batch through the
+   model), so a missing data set or a wrong flag is reported as such, never as a folder problem.
+3. Folder. An existing folder that is not a capsnet run is refused with nothing written into it. Rank 0 takes
+   the folder's lock (:data:`LOCK_NAME`, an fcntl.flock that the OS releases on any exit of its holder, kill -9
+   included); a second writer is refused with the holder's PID. A fresh run into a folder that holds a run is
+   refused: with the same settings it asks for --resume, with other settings it says which one differs.
+4. State. Resuming, the state.pt is loaded and checked against the data (the validation split, the data sizes).
+
+The model's side of a resume (its saved config, the data's shape) is :func:`saved_model_config` and
+:func:`check_same_shape`. The lock is released by :func:`release` when the run ends (capsnet.training.loop.launch).
+The lock needs POSIX flock: where fcntl is missing (Windows) runs are not locked, and on network file systems the
+lock is only as good as the server's flock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import from_dict, to_dict
+from ..errors import CheckpointError, ConfigError, RunFolderError
+from ..models.inputs import DATA_FIELDS, image_hw
+from ..models.registry import MODELS
+from .checkpoint import STATE_NAME, load_state
+from .config import FitConfig, TrainConfig
+from .hardware import default_batch_size, precision_note
+from .monitor import DEFAULT_MONITOR, LEGACY_MONITOR
+from .record import (
+    FIT_TASK,
+    check_recorded,
+    conflicts,
+    fill_unset,
+    read_record,
+    recorded_model_name,
+    recorded_settings,
+    same,
+    say,
+)
+from .tasks import Task
+
+try:
+    import fcntl
+except ImportError:  # (Windows: no flock, runs are not locked)
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_NAME = ".capsnet.lock"  # the lock file: the holder's PID while a run holds the folder, empty otherwise
+OWN_NAMES = (LOCK_NAME, "tb")  # what a run may have written before its config.json (a folder holding only these)
+_held: dict[str, int] = {}  # the resolved run folder -> the open lock file this process holds on it
+
+
+@dataclass
+class OpenedRun:
+    """What :func:`open_run` opened: the settings to train with, the task, the state.pt to resume from (on the
+    CPU) or None for a fresh run."""
+
+    config: TrainConfig | FitConfig
+    task: Task
+    saved: dict[str, Any] | None
+
+
+def open_run(
+    config: TrainConfig | FitConfig,
+    device: torch.device,
+    dist,
+    *,
+    make_task: Callable[[Any], Any],
+    check_task: Callable[[Any, Any], None] | None = None,
+    model_settings: dict[str, Any] | None = None,
+    flag: str = "--resume",
+    batches: bool = True,
+) -> OpenedRun:
+    """Open the run folder `config.out` in the order the module docstring gives. `make_task(config)` makes the
+    task from the settled config and `check_task(config, task)` checks it; `model_settings` are the model options
+    a fresh run compares with a recorded run's. `flag` names the resume switch in messages ("--resume" or
+    "resume=True"); `batches`: whether the run batches at `batch_size` (then a default batch size is announced)."""
+    config = settle(config, device, dist, flag=flag, batches=batches)
+    task = make_task(config)
+    if check_task is not None:
+        check_task(config, task)
+    claim(config, dist, flag=flag, model_settings=model_settings)
+    saved = None
+    try:
+        if config.resume:
+            saved = load_state(Path(config.out))  # on the CPU: restore() copies what it needs
+            check_resumed_data(task, saved, Path(config.out), fit=isinstance(config, FitConfig))
+    except BaseException:
+        release(config.out)
+        raise
+    return OpenedRun(config, task, saved)
+
+
+# ----------------------------------------------------------------------------------------------- 1. settings
+def settle(config, device: torch.device, dist, *, flag: str, batches: bool):
+    """The settings to train with: resuming, the run's own for each unset (None) field, checked against its record,
+    with the validation split it recorded; then the batch size resolved (the model's recipe, else the device's)."""
+    run_dir = Path(config.out)
+    if config.resume:
+        if not (run_dir / STATE_NAME).is_file():
+            raise RunFolderError(f"{flag}: {run_dir} holds no {STATE_NAME} to continue from")
+        config = fill_unset(config, run_dir)  # e.g. the batch size the run was made with, not the device default
+        check_recorded(config, run_dir)  # before any data is read
+        if isinstance(config, TrainConfig):
+            config = resumed_validation(config, read_record(run_dir))
+    if config.monitor is None:  # a resumed run without a record of its own chose best/ as runs before monitors did
+        config = dataclasses.replace(config, monitor=LEGACY_MONITOR if config.resume else DEFAULT_MONITOR)
+    if config.batch_size is None:
+        name = getattr(config, "model", None)  # (a FitConfig names no registry model)
+        recipe = getattr(MODELS[name], "default_batch_size", None) if isinstance(name, str) and name in MODELS else None
+        config = dataclasses.replace(config, batch_size=recipe or default_batch_size(device))
+        if dist.is_main and batches:
+            flags = "--batch-size and --lr" if flag.startswith("--") else "batch_size= and lr="
+            whose = f"{name}'s recipe" if recipe else f"the {device.type} defaults"
+            print(f"batch size {config.batch_size} per process, lr {config.learning_rate:g} ({whose}; set "
+                  f"{flags} to change)", flush=True)  # fmt: skip
+    note = precision_note(device, config.precision)
+    if note and dist.is_main:
+        print(note, file=sys.stderr, flush=True)
+    return config
+
+
+def resumed_validation(config: TrainConfig, meta: dict[str, Any] | None) -> TrainConfig:
+    """The TrainConfig with the validation split the resumed run recorded (val_fraction and val_seed). A run made
+    before validation splits chose best/ on the test set, and keeps doing so."""
+    recorded = (meta or {}).get("validation")
+    if not isinstance(recorded, dict):
+        return dataclasses.replace(config, val_fraction=0.0)
+    fraction = recorded.get("fraction", 0.0 if recorded.get("source") == "none" else config.val_fraction)
+    return dataclasses.replace(config, val_fraction=fraction, val_seed=recorded.get("seed", config.val_seed))
+
+
+# ----------------------------------------------------------------------------------------------- 3. folder
+def folder_contents(run_dir: Path) -> list[str] | None:
+    """The names in `run_dir` besides those a run writes before its record (None: no such folder)."""
+    if not run_dir.exists():
+        return None
+    if not run_dir.is_dir():
+        raise RunFolderError(f"{run_dir}: not a folder (the run folder to train into)")
+    try:
+        names = [p.name for p in run_dir.iterdir()]
+    except OSError as e:
+        raise RunFolderError(f"{run_dir}: cannot be read ({e.strerror})") from None
+    strays = (n for n in names if n.startswith(".") and n.endswith(".tmp"))  # (capsnet.fileio's temporary files)
+    return sorted(set(names) - set(OWN_NAMES) - set(strays))
+
+
+def is_run(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a capsnet run: a state.pt, or a config.json that records a run's settings."""
+    if (run_dir / STATE_NAME).is_file():
+        return True
+    try:
+        return read_record(run_dir) is not None
+    except CheckpointError:  # a config.json of something else
+        return False
+
+
+def claim(config, dist, *, flag: str, model_settings: dict[str, Any] | None = None) -> None:
+    """Take the run folder for this run (module docstring, step 3); rank 0 holds its lock from here on."""
+    run_dir, out = Path(config.out), "--out" if flag.startswith("--") else "out"
+    names = folder_contents(run_dir)
+    if names and not is_run(run_dir):
+        shown = ", ".join(names[:4]) + (f", ... ({len(names)} entries)" if len(names) > 4 else "")
+        raise RunFolderError(f"{run_dir} is not a capsnet run folder (it holds {shown}); a run is written into a "
+                             f"new or empty folder, or one of its own: choose another {out}")  # fmt: skip
+    if dist.is_main:
+        acquire(run_dir, out=out)
+    try:
+        names = folder_contents(run_dir)  # (again, under the lock: what another run wrote meanwhile counts)
+        if not config.resume and names:
+            check_fresh(config, run_dir, flag=flag, out=out, model_settings=model_settings)
+    except BaseException:
+        release(run_dir)
+        raise
+
+
+def check_fresh(config, run_dir: Path, *, flag: str, out: str, model_settings: dict[str, Any] | None) -> None:
+    """RunFolderError unless a fresh run may start in `run_dir`: a folder without a run, or with a run of the same
+    settings that has no checkpoint yet (it was stopped before its first one)."""
+    meta = read_record(run_dir)
+    has_state = (run_dir / STATE_NAME).is_file()
+    style = "flag" if flag.startswith("--") else "keyword"
+    found = []
+    if meta is not None:
+        fit = isinstance(config, FitConfig)
+        if (meta.get("task") == FIT_TASK) != fit:
+            made_by = "capsnet train" if fit else "capsnet.fit"
+            raise RunFolderError(f"{run_dir} holds a run made by {made_by}; choose another {out}")
+        found = conflicts(to_dict(config), recorded_settings(meta, type(config)))
+        recorded_model: dict[str, Any] = meta["model"] if isinstance(meta.get("model"), dict) else {}
+        found += [(k, v, recorded_model[k]) for k, v in (model_settings or {}).items()
+                  if k in recorded_model and k not in DATA_FIELDS and not same(v, recorded_model[k])]  # fmt: skip
+    if found:
+        key, given, recorded = found[0]
+        then = f"; {flag} continues it with its own settings" if has_state else ""
+        raise RunFolderError(f"{run_dir} holds a run of other settings ({say(key, given, style)}, recorded "
+                             f"{say(key, recorded, style)}); choose another {out}{then}")  # fmt: skip
+    if has_state:
+        raise RunFolderError(f"{run_dir} already holds a run; pass {flag} to continue it, or choose another {out}")
+
+
+def acquire(run_dir: Path, *, out: str = "--out") -> None:
+    """Hold the lock of `run_dir` (created if needed) for this process; RunFolderError naming the holder's PID when
+    another process (or another run of this one) holds it. The lock file is never removed: removing it would let
+    two holders lock two files."""
+    if fcntl is None:
+        return
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        why = "a link where its lock file goes" if e.errno == errno.ELOOP else e.strerror
+        raise RunFolderError(f"{run_dir}: cannot take the run folder's lock ({why})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise RunFolderError(f"{run_dir}: cannot lock {LOCK_NAME} ({e.strerror})") from None
+        raise RunFolderError(f"{run_dir} is in use by another capsnet run (PID {holder}); wait for it to end or "
+                             f"choose another {out}") from None  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _held[str(run_dir.resolve())] = fd
+
+
+def release(run_dir: str | os.PathLike) -> None:
+    """Let go of the lock this process holds on `run_dir` (nothing when it holds none)."""
+    fd = _held.pop(str(Path(run_dir).resolve()), None)
+    if fd is not None:
+        os.ftruncate(fd, 0)
+        os.close(fd)  # (closing the file releases the flock)
+
+
+# ----------------------------------------------------------------------------------------------- 4. state
+def check_resumed_data(task: Task, saved: dict, run_dir: Path, *, fit: bool) -> None:
+    """ConfigError unless `task` is the resumed run's data: the same validation split (presence and size) and, for
+    capsnet.fit's runs, the same number of examples in each split."""
+    recorded = saved.get("validation") or {"source": "none"}
+    mine = getattr(task, "recorded", {}).get("validation", {"source": "given" if task.has_val else "none"})
+    if (recorded["source"] == "none") != (not task.has_val) or recorded.get("n", mine.get("n")) != mine.get("n"):
+        raise ConfigError(f"--resume: {run_dir} was validated on {_describe(recorded)}, this data gives "
+                          f"{_describe(mine)}; resume with the run's own data and --val-fraction")  # fmt: skip
+    if not fit:
+        return
+    recorded, mine = saved.get("data") or {}, getattr(task, "recorded", {}).get("data") or {}
+    for part in ("train", "val", "test"):
+        then, now = (recorded.get(part) or {}).get("n"), (mine.get(part) or {}).get("n")
+        if then is not None and now is not None and then != now:
+            raise ConfigError(f"resume: {run_dir} was trained with {then:,} {part} examples, this {part} data has "
+                              f"{now:,}; resume with the run's own data")  # fmt: skip
+
+
+def _describe(validation: dict) -> str:
+    return "no validation split" if validation["source"] == "none" else f"{validation.get('n', '?')} images"
+
+
+def saved_model_config(model_class: Any, saved: dict, run_dir: Path, name: str) -> Any:
+    """The model config a state.pt saved, for `model_class`; CheckpointError naming the run's model when the state
+    is another model's."""
+    recorded = recorded_model_name(saved, run_dir)
+    if recorded is not None and recorded in MODELS and MODELS.canonical(recorded) != MODELS.canonical(name):
+        raise CheckpointError(f"{run_dir / STATE_NAME}: a run of model {recorded!r}, not {name!r}")
+    saved_config = {**model_class.saved_defaults, **(saved.get("model_config") or {})}  # older runs' keys
+    try:
+        return from_dict(model_class.config_class, saved_config, what=f"{run_dir}/{STATE_NAME}")
+    except ConfigError as e:
+        run_model = f"model {recorded!r}" if recorded and recorded != name else "another model"
+        raise CheckpointError(f"{run_dir / STATE_NAME}: a run of {run_model}, not of {name!r} ({e})") from None
+
+
+def check_same_shape(model_config: Any, fields: dict[str, Any], run_dir: Path) -> None:
+    """ConfigError when the data would change the resumed model's input or classes (other data than the run's)."""
+    saved = (model_config.in_channels, image_hw(model_config.image_size), model_config.n_classes)
+    now = (fields.get("in_channels", saved[0]), image_hw(fields.get("image_size", model_config.image_size)),
+           fields.get("n_classes", saved[2]))  # fmt: skip
+    if now != saved:
+
+        def images(c, hw, n):
+            return f"{c}x{hw[0]}x{hw[1]} images of {n} classes"
+
+        raise ConfigError(f"--resume: {run_dir} trained on {images(*saved)}, this data gives {images(*now)}; resume "
+                          "with the run's own data")  # fmt: skip
+
+
+def resumed_line(epoch: int, batch: int, n_batches: int | None, epochs: int) -> str:
+    """What a resumed run says of where it continues: `resumed at epoch E, batch B of N` (E counts from 1; B
+    batches of epoch E are done)."""
+    if epoch >= epochs:
+        return f"resumed after its last epoch ({epochs})"
+    return f"resumed at epoch {epoch + 1}, batch {batch} of {n_batches if n_batches is not None else '?'}"
+
+
+__all__ = ["LOCK_NAME", "OpenedRun", "acquire", "claim", "open_run", "release", "resumed_line"]
