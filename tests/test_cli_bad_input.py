@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import shutil
 from dataclasses import dataclass
@@ -309,6 +310,10 @@ def no_training(monkeypatch):
         raise _Trained("training started: the bad value was accepted")
 
     monkeypatch.setattr(loop, "train_epoch", refuse)
+    if importlib.util.find_spec("gradio") is not None:  # capsnet explore: stopped before it serves
+        from capsnet.viz import explore
+
+        monkeypatch.setattr(explore.Explorer, "launch", refuse)
 
 
 # ------------------------------------------------------------------------------------------------ the tests
