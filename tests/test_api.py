@@ -103,7 +103,7 @@ def test_the_registry_registers_in_one_line_and_refuses_clashing_names():
 
 
 # ------------------------------------------------------------------------------------------------ pretrained
-def test_create_model_from_a_folder_keeps_its_weights_and_data_fields(tmp_path):
+def test_create_model_from_a_folder_keeps_its_weights_and_data_fields(tmp_path, capsys):
     model = CapsNet(config=small_config(n_classes=4, class_names=("a", "b", "c", "d")))
     model.save_pretrained(tmp_path / "m")
     loaded = create_model("capsnet", pretrained=str(tmp_path / "m"))
@@ -114,8 +114,10 @@ def test_create_model_from_a_folder_keeps_its_weights_and_data_fields(tmp_path):
     assert quick.config.routing_iterations == 1 and quick.config.class_names == ("a", "b", "c", "d")
     with pytest.raises(ConfigError, match=r"conv_channels=8 changes the architecture .*conv1.weight"):
         create_model("capsnet", pretrained=tmp_path / "m", conv_channels=8)
-    with pytest.raises(ConfigError, match="n_classes=10: the pretrained weights record n_classes=4"):
-        create_model("capsnet", pretrained=tmp_path / "m", n_classes=10)
+    tuned = create_model("capsnet", pretrained=tmp_path / "m", n_classes=10)  # fine-tuning: fresh class capsules
+    assert tuned.config.n_classes == 10 and tuned.config.class_names == ()
+    assert "4 classes -> 10: re-initialised" in capsys.readouterr().err
+    assert torch.equal(tuned.conv1.weight, model.conv1.weight)
     with pytest.raises(ConfigError, match="in_channels=3: the pretrained weights record in_channels=1"):
         create_model("capsnet", pretrained=tmp_path / "m", in_channels=3)
     with pytest.raises(ConfigError, match="unknown option"):
@@ -138,7 +140,7 @@ def test_a_pretrained_that_is_neither_tag_nor_folder_names_the_shipped_tags(weig
     hub.save_shipped(CapsNet(config=small_config()), name="capsnet", tag="mnist-sample", card=CARD)
     with pytest.raises(ConfigError, match=r"shipped: mnist-sample"):
         create_model("capsnet", pretrained="fashion-mnist")
-    with pytest.raises(ConfigError, match=r"give the SHA-256 of the folder's model\.safetensors"):
+    with pytest.raises(ConfigError, match=r"give the folder's SHA-256 in the URL"):
         create_model("capsnet", pretrained="https://example.com/capsnet")  # (refused before any download)
     with pytest.raises(ConfigError, match=r"no shipped weights 'nope' for capsnet \(shipped: mnist-sample\)"):
         load_pretrained("capsnet:nope")

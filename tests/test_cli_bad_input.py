@@ -54,6 +54,8 @@ KINDS = {
     "device": "device",
     "model": "name",
     "experiment": "name",
+    "monitor": "name",
+    "host": "name",
     "augment": "augment",
     "image_size": "size",
     "pretrained": "pretrained",

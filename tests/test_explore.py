@@ -66,8 +66,13 @@ def test_panels_that_apply(name):
         assert f.branches == len(model.config.branches_after) and not f.routing
 
 
-DECODER = ["capsnet", "efficient-capsnet"]  # the registered models with a decoder (test_panels_that_apply checks)
-ROUTED = ["capsnet", "efficient-capsnet", "em-capsnet", "inverted-attention-capsnet", "self-routing-capsnet"]
+DECODER = [
+    "capsnet",
+    "efficient-capsnet",
+    "deepcaps",
+]  # the registered models with a decoder (test_panels_that_apply checks)
+ROUTED = ["capsnet", "efficient-capsnet", "em-capsnet", "inverted-attention-capsnet", "self-routing-capsnet",
+          "deepcaps"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", DECODER)

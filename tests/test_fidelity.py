@@ -145,6 +145,7 @@ def test_capsnet_config_json_without_the_new_keys_loads_as_it_was_trained(tmp_pa
         "margin_reduction": "sum",
         "primary_grouping": "types",
         "coupling": "outputs",
+        "digits": True,  # (every model's: RecordedData's, from before `digits` was recorded)
     }
     torch.manual_seed(5)
     model = CapsNet(**SMALL_MODEL).eval()

@@ -96,7 +96,7 @@ def test_fit_a_dataset_of_ones_own_writes_the_run_folder(tmp_path, capsys):
     rows = read_summary(run)
     assert [r["epoch"] for r in rows] == [1, 2] and all(0 <= r["val_acc"] <= 1 and math.isnan(r["test_acc"])
                                                          for r in rows)  # fmt: skip
-    assert result.best["metric"] == "val_acc" and rows[-1]["train_acc"] > 0.9  # the bands are easy
+    assert result.best["metric"] == "val_loss" and rows[-1]["train_acc"] > 0.9  # the bands are easy (monitor: val_loss)
     # last/ holds the weights the model ends with (trained in place); best/ loads back into an instance.
     assert _same_weights(load_file(str(run / "last" / "model.safetensors")), model.state_dict())
     again = Tiny()
@@ -142,7 +142,7 @@ def test_fit_a_capsnet_model_on_uint8_images(tmp_path):
     assert meta["train"]["model"] == "capsnet" and meta["train"]["lr"] == capsnet.CapsNet.default_lr
     best = capsnet.load_pretrained(tmp_path / "run" / "best")  # a capsnet model keeps its save_pretrained folders
     scored = evaluate(best, Split(val.images, val.targets))  # (the uint8 images ÷ 255, as fit fed them)
-    assert scored["accuracy"] == pytest.approx(result.best["value"]) and result.best["metric"] == "val_acc"
+    assert scored["loss"] == pytest.approx(result.best["value"], rel=1e-5) and result.best["metric"] == "val_loss"
 
 
 def test_evaluate_a_module_of_ones_own_counts_predictions_outside_the_labels_as_wrong():

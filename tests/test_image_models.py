@@ -140,7 +140,8 @@ def test_bad_model_configs_are_one_line_errors():
 def test_old_configs_still_load():
     old = {"in_channels": 1, "image_size": 28, "n_classes": 10, "conv_channels": 256, "kernel_size": 9}
     cfg = from_dict(CapsNetConfig, old)
-    assert cfg.image_size == 28 and cfg.padding == "valid" and cfg.digits and not cfg.leaky_routing
+    assert cfg.image_size == 28 and cfg.padding == "valid" and not cfg.leaky_routing
+    assert from_dict(CapsNetConfig, {**CapsNet.saved_defaults, **old}).digits  # a saved folder of then: digits
     assert from_dict(CapsNetConfig, {"image_size": [24, 32]}).image_size == (24, 32)
     with pytest.raises(ConfigError):
         from_dict(CapsNetConfig, {"image_size": "big"})

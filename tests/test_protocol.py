@@ -108,7 +108,8 @@ def test_evaluate_says_which_checkpoint_it_scored_and_how_it_was_chosen(tmp_path
     train(_config(tmp_path, epochs=1), small_config(**TINY_MODEL))
     capsys.readouterr()
     assert main(["evaluate", "--checkpoint", str(tmp_path / "run")]) == 0
-    first = capsys.readouterr().out.splitlines()[0]
+    lines = capsys.readouterr().out.splitlines()
+    first = next(line for line in lines if not line.startswith("data: "))  # (after the data's conversions, if any)
     assert first.startswith("scored ") and "best (epoch 1, chosen on validation loss" in first
     assert main(["evaluate", "--checkpoint", str(tmp_path / "run" / "last")]) == 0
     assert "(epoch 1, the run's last checkpoint)" in capsys.readouterr().out

@@ -79,7 +79,7 @@ def build(config: TrainConfig, model_config, device: torch.device, dist, task: T
     try:
         return _build_model(opened, model_config, device, dist)
     except BaseException:
-        runfolder.release(config.out)
+        runfolder.abandon(config.out)  # (nothing written yet: a folder this run made goes)
         raise
 
 

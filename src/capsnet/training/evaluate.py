@@ -165,8 +165,8 @@ def standardizes_channels(model: torch.nn.Module) -> bool:
 
 
 def data_conversions(cfg: Any, where: str | None, data: Dataset) -> list[str]:
-    """The documented conversions an image folder's reader applied to fit the model (grey to RGB, a resize to its
-    size), in words; DatasetError for one that is not documented (RGB to grey). Other readers convert nothing."""
+    """The documented conversions an image folder's reader applied to fit the model (grey to RGB, RGB to grey as
+    `--image-channels 1` trains, a resize to its size), in words. Other readers convert nothing."""
     from ..data.folder import detect, native_shape
 
     root = Path(where) if where is not None else None
@@ -177,9 +177,8 @@ def data_conversions(cfg: Any, where: str | None, data: Dataset) -> list[str]:
         return []
     c, h, w = native
     notes = []
-    if c == 3 and cfg.in_channels == 1:
-        raise DatasetError(f"{data.source}: RGB images, the model takes greyscale ones (only grey to RGB is "
-                           "converted)")  # fmt: skip
+    if c == 3 and cfg.in_channels == 1:  # (as `capsnet train --image-channels 1` reads a colour folder)
+        notes.append("RGB images converted to greyscale (Pillow's L), as training with --image-channels 1 reads them")
     if c == 1 and cfg.in_channels == 3:
         notes.append("greyscale images converted to RGB")
     size = tuple(data.test.images.shape[-2:])

@@ -36,7 +36,7 @@ from .config import FitConfig, TrainResult
 from .loader import LoaderTask
 from .loop import launch
 from .memory import check_memory
-from .runfolder import open_run, release
+from .runfolder import abandon, open_run
 
 PROTOCOL = ("forward(images, labels=None) returning an object with .predictions [B], and loss(out, images, labels) "
             "returning (loss, parts)")  # fmt: skip
@@ -137,7 +137,7 @@ def _make_run(config: FitConfig, model: nn.Module, task: LoaderTask, device: tor
         torch.manual_seed(opened.config.seed)  # dropout and the rest of the run's random numbers
         return assemble(opened.config, model, task, device, dist, saved=opened.saved, model_config=model_config)
     except BaseException:
-        release(config.out)
+        abandon(config.out)  # (nothing written yet: a folder this run made goes)
         raise
 
 

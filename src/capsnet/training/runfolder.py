@@ -61,6 +61,7 @@ except ImportError:  # (Windows: no flock, runs are not locked)
 LOCK_NAME = ".capsnet.lock"  # the lock file: the holder's PID while a run holds the folder, empty otherwise
 OWN_NAMES = (LOCK_NAME, "tb")  # what a run may have written before its config.json (a folder holding only these)
 _held: dict[str, int] = {}  # the resolved run folder -> the open lock file this process holds on it
+_created: set[str] = set()  # the run folders this process made when it took their lock
 
 
 @dataclass
@@ -219,7 +220,9 @@ def acquire(run_dir: Path, *, out: str = "--out") -> None:
     if fcntl is None:
         return
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        if not run_dir.exists():
+            run_dir.mkdir(parents=True)
+            _created.add(str(run_dir.resolve()))
         fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as e:
         why = "a link where its lock file goes" if e.errno == errno.ELOOP else e.strerror
@@ -236,6 +239,18 @@ def acquire(run_dir: Path, *, out: str = "--out") -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _held[str(run_dir.resolve())] = fd
+
+
+def abandon(run_dir: str | os.PathLike) -> None:
+    """Let go of `run_dir` after a failure before the run wrote anything: its lock file goes (removed while held,
+    so no other process holds it), and so does the folder if this process made it; then :func:`release`."""
+    key = str(Path(run_dir).resolve())
+    if key in _held and [p.name for p in Path(run_dir).iterdir()] == [LOCK_NAME]:
+        (Path(run_dir) / LOCK_NAME).unlink()
+        if key in _created:
+            Path(run_dir).rmdir()
+    _created.discard(key)
+    release(run_dir)
 
 
 def release(run_dir: str | os.PathLike) -> None:
@@ -305,4 +320,4 @@ def resumed_line(epoch: int, batch: int, n_batches: int | None, epochs: int) -> 
     return f"resumed at epoch {epoch + 1}, batch {batch} of {n_batches if n_batches is not None else '?'}"
 
 
-__all__ = ["LOCK_NAME", "OpenedRun", "acquire", "claim", "open_run", "release", "resumed_line"]
+__all__ = ["LOCK_NAME", "OpenedRun", "abandon", "acquire", "claim", "open_run", "release", "resumed_line"]

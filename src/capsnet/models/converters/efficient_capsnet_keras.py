@@ -56,9 +56,9 @@ def preset(variant: str, *, decoder: bool = True) -> EfficientCapsNetConfig:
             digits=False,
         )  # fmt: skip
     if variant == "multimnist":
-        return EfficientCapsNetConfig.for_multimnist(decoder=decoder)
+        return EfficientCapsNetConfig.for_multimnist(decoder=decoder, digits=True)
     if variant == "mnist":
-        return EfficientCapsNetConfig(decoder=decoder, input_divisor=256.0)
+        return EfficientCapsNetConfig(decoder=decoder, input_divisor=256.0, digits=True)
     raise CheckpointError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
 
 

@@ -54,6 +54,7 @@ def load(path: str | os.PathLike, *, routing_iterations: int = 3) -> CapsNet:
         in_channels=in_channels, image_size=side, n_classes=n_classes, conv_channels=conv_channels, kernel_size=k,
         primary_types=n_types, primary_dim=primary_dim, class_dim=class_dim, routing_iterations=routing_iterations,
         decoder_hidden=tuple(hidden), coupling="inputs",
+        digits=in_channels == 1,  # (their greyscale networks are their MNIST ones: digit-style images)
     )  # fmt: skip
     if config.n_primary != n_primary:
         raise CheckpointError(f"{path}: tensor 'digit_capsules.route_weights' has {n_primary} input capsules where "

@@ -41,6 +41,7 @@ def load(path: str | os.PathLike, *, routing_iterations: int = 3) -> CapsNet:
         primary_types=primary_out // primary_dim, primary_dim=primary_dim, class_dim=class_dim,
         routing_iterations=routing_iterations, detach_votes=True, decoder_hidden=tuple(hidden),
         primary_grouping="flat",
+        digits=in_channels == 1,  # (their greyscale networks are their MNIST ones: digit-style images)
     )  # fmt: skip
     if config.n_primary != n_primary:
         raise_shape(t, "digitcaps.weight", f"{n_primary} input capsules where the convolutions give {config.n_primary}")
