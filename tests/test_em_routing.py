@@ -478,6 +478,7 @@ def test_the_margin_schedule_counts_on_the_host_and_checkpoints_of_the_buffer_lo
 def test_training_centres_before_the_first_step_and_a_resume_does_not(tmp_path, monkeypatch):
     from capsnet.training import loop
     from capsnet.training.distributed import DistInfo
+    from capsnet.training.runfolder import release
 
     calls = []
     real = EMCapsNet.init_from_data
@@ -488,6 +489,7 @@ def test_training_centres_before_the_first_step_and_a_resume_does_not(tmp_path, 
     run = loop.build(config, small, torch.device("cpu"), DistInfo(), None)
     assert calls == [(16, 1, 28, 28)]  # rank 0's first batch, before any step
     assert all(layer.centred for layer in (run.model.caps1, run.model.caps2, run.model.classes))
+    release(config.out)  # (a run only built, not trained: its folder's lock goes before train takes it)
     loop.train(config, small)
     resumed = loop.TrainConfig(**{**config.__dict__, "epochs": 2, "resume": True})
     calls.clear()
