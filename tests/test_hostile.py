@@ -7,6 +7,7 @@ file of each kind (VARIANTS); the ones that used to claim gigabytes run in a sub
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
@@ -329,3 +330,27 @@ def test_under_an_address_space_cap(cases, case, tmp_path):
     env = {**os.environ, "CAPSNET_DATA": str(tmp_path / "cache")}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr[-500:]
+
+
+def test_a_mat_file_declaring_a_huge_array_is_refused_before_it_is_read(tmp_path, capsys):
+    """An SVHN .mat of 272 bytes whose header declares X of 12 × 10^9 values: refused from the header (scipy's
+    whosmat), before loadmat allocates; one line, exit 2, no run folder."""
+    sio = pytest.importorskip("scipy.io")
+    from capsnet.data.svhn import FILES, read_mat
+    from capsnet.errors import DatasetError
+
+    buf = io.BytesIO()
+    sio.savemat(buf, {"X": np.zeros((2, 2, 3, 1), np.uint8), "y": np.ones((1, 1))}, do_compression=False)
+    dims = np.array([2, 2, 3, 1], np.int32).tobytes()
+    assert buf.getvalue().count(dims) == 1  # the X's dimensions, patched to N = 10^9
+    hostile = buf.getvalue().replace(dims, np.array([2, 2, 3, 10**9], np.int32).tobytes())
+    folder = tmp_path / "svhn"
+    folder.mkdir()
+    for name in FILES:
+        (folder / name).write_bytes(hostile)
+    with pytest.raises(DatasetError, match=r"variable X \[2, 2, 3, 1000000000\]: .*MAX_ARRAY_ELEMENTS"):
+        read_mat(folder / FILES[0])
+    out = tmp_path / "run"
+    assert main(["train", "--dataset", str(folder), "--out", str(out), "--epochs", "1", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "MAX_ARRAY_ELEMENTS" in err[0] and not out.exists(), err

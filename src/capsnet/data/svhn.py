@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import DatasetError
+from ..limits import array_too_large
 from .arrays import finish, make_split
 from .split import Dataset, Split
 
@@ -30,6 +31,26 @@ def mat_header(path: Path) -> str:
     return head[:116].decode("latin-1") if head.startswith(b"MATLAB") else ""
 
 
+ITEM_BYTES = {"int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "single": 4}  # else 8
+
+
+def check_declared_sizes(path: Path) -> None:
+    """DatasetError when a variable the .mat file declares (its header, read by scipy's whosmat without the data)
+    is larger than capsnet.limits allows: a few bytes can declare gigabytes."""
+    from scipy.io import whosmat
+
+    try:
+        declared = whosmat(str(path))
+    except Exception as e:  # scipy raises several types for corrupt or truncated files
+        raise DatasetError(f"{path}: corrupt or truncated .mat file ({type(e).__name__}: {e})") from None
+    size = path.stat().st_size
+    for name, shape, kind in declared:
+        elements = int(np.prod(shape, dtype=np.float64)) if shape else 0
+        why = array_too_large(elements, ITEM_BYTES.get(kind, 8), size)
+        if why is not None:
+            raise DatasetError(f"{path}: variable {name} {list(shape)}: {why}")
+
+
 def read_mat(path: Path) -> Split:
     """One SVHN .mat file -> Split (uint8 [N, 3, 32, 32], labels 0..9 with 10 mapped to 0)."""
     header = mat_header(path)
@@ -40,6 +61,7 @@ def read_mat(path: Path) -> Split:
         from scipy.io import loadmat
     except ImportError:
         raise DatasetError(f"{path}: reading SVHN .mat files needs scipy: pip install 'capsnet[mat]'") from None
+    check_declared_sizes(path)
     try:
         mat = loadmat(str(path), variable_names=["X", "y"])
     except Exception as e:  # scipy raises several types for corrupt or truncated files
