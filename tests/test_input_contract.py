@@ -16,7 +16,9 @@ from capsnet import create_model
 from capsnet.data.batching import epoch_indices
 from capsnet.data.imageaug import AugmentSpec
 from capsnet.data.split import Split
-from capsnet.models.recipe import model_input, recipe_of
+from capsnet.models.export import export_model
+from capsnet.models.recipe import InputRecipe, model_input, recipe_of
+from capsnet.nn.standardize import per_image_standardize
 from capsnet.training import distributed as dist_utils
 from capsnet.training.ensemble import Ensemble
 from capsnet.training.evaluate import evaluate, predict
@@ -51,17 +53,15 @@ def spec_for(kind: str) -> AugmentSpec:
                        channel_standardize=kind == "channel-standardize")  # fmt: skip
 
 
-def model_for(name: str, task: ClassificationTask, kind: str):
-    """The tiny model with the data fields the training task records; a model whose config records none of the
-    recipe's fields carries it as `input_recipe` (a model of one's own does so)."""
+def model_for(name: str, task: ClassificationTask):
+    """The tiny model with the data fields the training task records (every registered model's config records
+    them all)."""
     torch.manual_seed(0)
     model = create_model(name, **{**INPUT, **TINY.get(name, {})}).eval()
     fields = {f.name for f in dataclasses.fields(model.config)}
-    recorded = {k: v for k, v in task.model_fields().items() if k in fields}
-    for key, value in recorded.items():
+    assert set(task.model_fields()) <= fields, f"{name} does not record {set(task.model_fields()) - fields}"
+    for key, value in task.model_fields().items():
         setattr(model.config, key, value)
-    if "input_divisor" not in fields:
-        model.input_recipe = dataclasses.replace(task.recipe, digits=kind == "digits")
     return model
 
 
@@ -85,7 +85,7 @@ def test_every_path_feeds_the_model_the_same_tensor(name, kind, tmp_path):
     want = by_hand(raw, kind)
     task = ClassificationTask(train=Split(raw, labels), test=Split(raw, labels), augment=spec_for(kind),
                               digits=kind == "digits")  # fmt: skip
-    model = model_for(name, task, kind)
+    model = model_for(name, task)
     cpu = torch.device("cpu")
     # The eager training batch (in the epoch's shuffled order) and the graph step's batch (its CPU part).
     batch = next(task.batches(epoch=0, batch_size=N, seed=0, rank=0, world_size=1, device=cpu,
@@ -113,6 +113,11 @@ def test_every_path_feeds_the_model_the_same_tensor(name, kind, tmp_path):
         ensemble = Ensemble([model, model])
         same(ensemble(model_input(ensemble, raw)).lengths, lengths)
     assert torch.tensor([r["lengths"] for r in results]).sub(lengths).abs().max() <= 1e-5
+    # The exported ONNX graph takes the raw uint8 images and applies the recipe inside.
+    onnxruntime = pytest.importorskip("onnxruntime")
+    export_model(model, tmp_path / "model.onnx", check=False)
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    same(torch.from_numpy(session.run(None, {"images": raw.numpy()})[0]), lengths)
 
 
 class _Examples(torch.utils.data.Dataset):
@@ -131,3 +136,47 @@ def _png(path, image: torch.Tensor):
 
     Image.fromarray(image[0].numpy()).save(path)
     return path
+
+
+class _OwnModel(torch.nn.Module):
+    """A model of one's own: no config, its recipe as `input_recipe`, and capsnet's output fields."""
+
+    def __init__(self, recipe: InputRecipe):
+        super().__init__()
+        self.input_recipe = recipe
+        self.linear = torch.nn.Linear(28 * 28, 10)
+
+    def forward(self, images, labels=None):
+        lengths = torch.sigmoid(self.linear(images.flatten(1)))
+        return SimpleNamespace(lengths=lengths, predictions=lengths.argmax(1), capsules=None)
+
+    def loss(self, out, images, labels):
+        return torch.nn.functional.cross_entropy(out.lengths, labels), {}
+
+
+@pytest.mark.parametrize("kind", ["divide-256", "channel-standardize"])
+def test_a_model_of_ones_own_is_fed_by_its_input_recipe(kind, tmp_path):
+    raw, labels = raw_images(), torch.arange(N) % 10
+    task = ClassificationTask(train=Split(raw, labels), test=Split(raw, labels), augment=spec_for(kind))
+    model = _OwnModel(dataclasses.replace(task.recipe, channels=1, size=(28, 28), n_classes=10)).eval()
+    seen = Seen(model)
+    evaluate(model, Split(raw, labels), batch_size=N)
+    same(seen.inputs[-1], by_hand(raw, kind))
+    same(model_input(model, raw), by_hand(raw, kind))
+
+
+@pytest.mark.parametrize("name", capsnet.list_models())
+def test_per_image_standardization_runs_in_every_models_forward(name):
+    """`standardize` (recorded from the augmentation) is honoured by every model: the first convolution, which
+    every model applies to the image, then sees each image standardized, and without it does not."""
+    torch.manual_seed(0)
+    model = create_model(name, **{**INPUT, **TINY.get(name, {})}).eval()
+    first = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+    seen = Seen(first)
+    x = torch.rand(2, INPUT["in_channels"], INPUT["image_size"], INPUT["image_size"])
+    with torch.no_grad():
+        model(x)
+        assert (seen.inputs[-1] - per_image_standardize(x)).abs().max() > 0.1
+        model.config.standardize = True
+        model(x)
+    same(seen.inputs[-1], per_image_standardize(x))

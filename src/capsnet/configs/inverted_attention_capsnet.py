@@ -11,6 +11,7 @@ from typing import Literal
 
 from ..errors import ConfigError
 from .base import (
+    RecordedData,
     check_capsule_layers,
     conv_output_size,
     register_config,
@@ -18,7 +19,7 @@ from .base import (
 
 
 @dataclass
-class InvertedAttentionCapsNetConfig:
+class InvertedAttentionCapsNetConfig(RecordedData):
     """Hyper-parameters of :class:`InvertedAttentionCapsNet`; defaults: Tsai et al.'s CIFAR-10 simple-backbone model."""
 
     in_channels: int = field(default=3, metadata={"help": "input image channels"})
@@ -72,6 +73,7 @@ class InvertedAttentionCapsNetConfig:
         if self.input_std and min(self.input_std) <= 0:
             raise ConfigError(f"input_std must be > 0, got {list(self.input_std)}")
         check_capsule_layers(self)
+        self._check_recorded(self.n_classes)
 
     @property
     def scale(self) -> float:

@@ -10,6 +10,7 @@ from typing import Literal
 
 from ..errors import ConfigError
 from .base import (
+    RecordedData,
     check_capsule_layers,
     conv_output_size,
     register_config,
@@ -17,7 +18,7 @@ from .base import (
 
 
 @dataclass
-class SelfRoutingCapsNetConfig:
+class SelfRoutingCapsNetConfig(RecordedData):
     """Hyper-parameters of :class:`SelfRoutingCapsNet`; defaults: the authors' CIFAR-10 model (ResNet-20 backbone)."""
 
     in_channels: int = field(default=3, metadata={"help": "input image channels"})
@@ -56,6 +57,7 @@ class SelfRoutingCapsNetConfig:
             raise ConfigError("identity shortcuts zero-pad channels: resnet_widths must not decrease "
                               "(or use shortcut 'projection')")  # fmt: skip
         check_capsule_layers(self)
+        self._check_recorded(self.n_classes)
 
     @property
     def grids(self) -> list[int]:

@@ -30,6 +30,7 @@ from torch import nn
 from ..configs.deepcaps import DeepCapsConfig
 from ..errors import ConfigError
 from ..nn.losses import MarginLoss, capsule_lengths, margin_plus_reconstruction
+from ..nn.standardize import per_image_standardize
 from ..routing.deepcaps import ConvCaps2D, ConvCaps3D, glorot_uniform_
 from ..routing.dynamic import Router
 from .capsnet import CapsNetOutput
@@ -141,7 +142,7 @@ class DeepCaps(Pretrained, nn.Module):
         routing's c [B, 640, n_classes] when asked for."""
         cfg = self.config
         check_images(images, channels=cfg.in_channels, size=cfg.image_size, model="DeepCaps")
-        outs = self.encode(images)
+        outs = self.encode(per_image_standardize(images) if cfg.standardize else images)
         u = torch.cat([self._flat(outs[-1]), self._flat(outs[-2])], dim=1)  # [B, 640, 8]
         routed = self.class_caps(u, return_weights=True)
         v = routed.capsules  # [B, n_classes, class_dim]

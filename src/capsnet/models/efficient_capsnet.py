@@ -57,6 +57,7 @@ from ..nn.keras_init import conv_keras_shape, keras_init_
 from ..nn.losses import MarginLoss, capsule_lengths, margin_plus_reconstruction
 from ..nn.primary import conv_output_size
 from ..nn.squash import efficient_squash
+from ..nn.standardize import per_image_standardize
 from ..routing.self_attention import SelfAttentionRouter
 from .capsnet import CapsNetOutput
 from .inputs import check_images
@@ -167,7 +168,7 @@ class EfficientCapsNet(Pretrained, nn.Module):
         :class:`capsnet.CapsNetOutput`, `coupling` being the self-attention coupling c [B, 16, 10] when asked for."""
         cfg = self.config
         check_images(images, channels=cfg.in_channels, size=cfg.image_size, model="EfficientCapsNet")
-        x = self.primary(self.backbone(images))  # [B, 128, 1, 1]
+        x = self.primary(self.backbone(per_image_standardize(images) if cfg.standardize else images))  # [B, 128, 1, 1]
         u = efficient_squash(x.view(x.shape[0], cfg.n_primary, cfg.primary_dim))  # primary capsules  [B, 16, 8]
         routed = self.class_caps(u, return_weights=True)
         v = routed.capsules  # class capsules  [B, 10, 16]

@@ -40,6 +40,7 @@ from torch import nn
 
 from ..configs.inverted_attention_capsnet import InvertedAttentionCapsNetConfig
 from ..nn.losses import full_precision
+from ..nn.standardize import per_image_standardize
 from ..routing.inverted_attention import InvertedAttentionConv, InvertedAttentionFC, concurrent_routing
 from .capsnet import CapsNetOutput
 from .inputs import check_images
@@ -62,8 +63,9 @@ class InvertedAttentionCapsNet(Pretrained, nn.Module):
     default_lr = 1e-3
     input_mean: torch.Tensor  # buffers [1, C, 1, 1], present when the config normalises the input
     input_std: torch.Tensor
-    # config.json files written before `agreement_scale` existed used Eq. 2 as printed (no factor)
-    saved_defaults: ClassVar[dict[str, Any]] = {"agreement_scale": 1.0}
+    # config.json files written before `agreement_scale` existed used Eq. 2 as printed (no factor), and before
+    # the config recorded its data, none of its runs read digit-style images
+    saved_defaults: ClassVar[dict[str, Any]] = {"agreement_scale": 1.0, "digits": False}
 
     def __init__(self, *, config: InvertedAttentionCapsNetConfig | None = None, **options):
         super().__init__()
@@ -94,6 +96,8 @@ class InvertedAttentionCapsNet(Pretrained, nn.Module):
         `coupling` is the class layer's routing weights r [B, n_in, n_classes] when asked for."""
         cfg = self.config
         check_images(images, channels=cfg.in_channels, size=cfg.image_size, model="InvertedAttentionCapsNet")
+        if cfg.standardize:
+            images = per_image_standardize(images)
         if cfg.input_mean:
             images = (images - self.input_mean.to(images.dtype)) / self.input_std.to(images.dtype)
         x = self.primary(F.relu(self.backbone(images)))  # [B, T·d, H, W] (resnet: the ReLU is its own)

@@ -37,6 +37,7 @@ from torch import nn
 
 from ..configs.self_routing_capsnet import SelfRoutingCapsNetConfig
 from ..nn.losses import full_precision
+from ..nn.standardize import per_image_standardize
 from ..routing.self_routing import SelfRoutingConv, SelfRoutingFC
 from .capsnet import CapsNetOutput
 from .inputs import check_images
@@ -86,8 +87,9 @@ class SelfRoutingCapsNet(Pretrained, nn.Module):
     designed_for = "CIFAR-10 32x32 RGB (also SVHN)"
     routing_method = "self-routing"  # what `capsnet visualize` names the routing figure after
     default_lr = 1e-3
-    # config.json files written before these keys existed hold the earlier layout
-    saved_defaults: ClassVar[dict[str, Any]] = {"shortcut": "projection", "primary_batchnorm": False}
+    # config.json files written before these keys existed hold the earlier layout (and, before the config
+    # recorded its data, none of its runs read digit-style images)
+    saved_defaults: ClassVar[dict[str, Any]] = {"shortcut": "projection", "primary_batchnorm": False, "digits": False}
 
     def __init__(self, *, config: SelfRoutingCapsNetConfig | None = None, **options):
         super().__init__()
@@ -122,7 +124,7 @@ class SelfRoutingCapsNet(Pretrained, nn.Module):
         `coupling` the class layer's c_ij."""
         cfg = self.config
         check_images(images, channels=cfg.in_channels, size=cfg.image_size, model="SelfRoutingCapsNet")
-        x = self.backbone(images)
+        x = self.backbone(per_image_standardize(images) if cfg.standardize else images)
         pose = self.primary_pose(x)
         b, _, h, w = pose.shape
         pose = pose.view(b, cfg.primary_types, cfg.pose_dim, h, w).permute(0, 1, 3, 4, 2)  # [B, T, H, W, d]
