@@ -94,6 +94,12 @@ def _list_classes(folder: Path) -> dict[str, list[Path]]:
     return classes
 
 
+def class_names(root: str | os.PathLike) -> list[str]:
+    """The class names of the image folder `root` (its training class folders, sorted) as :func:`load_folder` names
+    them, from listing the folders alone: no image is opened."""
+    return sorted(_list_classes(split_dirs(Path(root))[0]))
+
+
 def _entries(root: Path, test_fraction: float, seed: int) -> tuple[list[str], list[tuple[Path, int]], list[int]]:
     """(class names, [(file, label)] as the training files, then the test files, then the validation files, and
     the sizes of those three parts)."""

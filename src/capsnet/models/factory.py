@@ -26,9 +26,10 @@ def create_model(name: str, *, pretrained: str | os.PathLike | None = None, **ov
     training data (image size, channels, classes, ...) come from it; `overrides` may only change fields that keep
     the weights' shapes (e.g. routing_iterations). A bad name or option is a ConfigError naming the known ones.
 
-    Fine-tuning to new classes: `n_classes=K` with K other than the weights' count loads every weight whose shape
-    does not depend on the class count (all but the class-capsule layer and the decoder's first layer), initialises
-    those afresh for K classes (the class names are dropped) and says so in one line on stderr.
+    Fine-tuning to new classes: `n_classes=K` with K other than the weights' count loads every layer whose tensors'
+    shapes do not depend on the class count (all but the class-capsule layer and the decoder's first layer),
+    initialises those afresh for K classes, each as a whole (the class names are dropped) and says so in one line
+    on stderr.
     """
     name = MODELS.canonical(name)
     cls = MODELS[name]
@@ -42,8 +43,9 @@ def create_model(name: str, *, pretrained: str | os.PathLike | None = None, **ov
 
 
 def with_classes(model: Any, n_classes: int, *, source: str) -> Any:
-    """A model of `model`'s class and config for `n_classes` classes: `model`'s weights wherever the shapes agree,
-    a fresh initialisation (the constructor's) for the rest; one line on stderr names those."""
+    """A model of `model`'s class and config for `n_classes` classes: `model`'s weights in every layer whose tensors'
+    shapes all agree, a fresh initialisation (the constructor's) for the other layers; one line on stderr names
+    those."""
     cls = type(model)
     fields = {f.name for f in dataclasses.fields(model.config)}
     saved = {
@@ -53,10 +55,11 @@ def with_classes(model: Any, n_classes: int, *, source: str) -> Any:
     }
     fresh = cls(config=from_dict(cls.config_class, saved, what=f"{source} with n_classes={n_classes}"))
     own, kept = fresh.state_dict(), model.state_dict()
-    loaded = {k: v for k, v in kept.items() if k in own and own[k].shape == v.shape}
+    # A layer with any tensor of a new shape starts afresh as a whole (its bias too, whose shape may not change).
+    renewed = sorted({k.rsplit(".", 1)[0] for k, v in own.items() if k not in kept or kept[k].shape != v.shape})
+    loaded = {k: v for k, v in kept.items() if k in own and k.rsplit(".", 1)[0] not in renewed}
     with torch.no_grad():
         fresh.load_state_dict({**own, **loaded}, strict=True)
-    renewed = sorted({k.rsplit(".", 1)[0] for k in own if k not in loaded})
     print(f"capsnet: {source}: {model.config.n_classes} classes -> {n_classes}: re-initialised {', '.join(renewed)}; "
           "every other weight loaded", file=sys.stderr)  # fmt: skip
     return fresh.to(next(model.parameters()).device).eval()

@@ -10,11 +10,13 @@ from typing import Any, cast
 
 import torch
 
-from ..data.datasets import load_dataset
+from ..data.datasets import load_dataset, resolve
+from ..data.folder import class_names as folder_classes
 from ..data.imageaug import center_crop
 from ..data.images import image_hw as image_file_hw
 from ..data.images import load_image, load_image_resized
 from ..data.scaling import channel_stats
+from ..data.sources import detect as detect_format
 from ..data.split import Dataset, Split
 from ..errors import ConfigError, DatasetError
 from ..models.hub import is_ref, read_card, resolve_ref
@@ -135,15 +137,10 @@ def evaluate_checkpoint(
     models = [load_pretrained(f, map_location=resolve_device(device)) for f in folders]
     model = models[0] if len(models) == 1 else Ensemble(models)
     cfg: Any = model.config
-    data = checkpoint_data(model, paths, dataset=dataset, data_dir=data_dir)
+    data = checkpoint_data(model, paths, dataset=dataset, data_dir=data_dir, n_classes=cfg.n_classes)
     chosen = data.test if split == "test" else data.train
     if chosen is None:
         raise DatasetError(f"{data.source}: has no {split} split")
-    if data.n_classes != cfg.n_classes:
-        raise DatasetError(
-            f"{data.source}: {data.n_classes} classes, the model has {cfg.n_classes} (a class count is never "
-            "converted; fine-tune: create_model(name, pretrained=..., n_classes=K), then fit)"
-        )
     conversions = data_conversions(cfg, data.source, data)
     record = recorded_data(paths[0]) if dataset is None and data_dir is None else None
     n = record.get("test_subset") if record is not None and split == "test" else None
@@ -219,10 +216,14 @@ def checkpoint_data(
     *,
     dataset: str | None = None,
     data_dir: str | None = None,
+    n_classes: int | None = None,
 ) -> Dataset:
     """The data set to score `model` (loaded from `checkpoints`) on: `dataset` and/or `data_dir` when given, else
     what the checkpoints record (:func:`recorded_data`; they must agree), loaded with the conversion the model
-    recorded (image folders: its size before crops and its channels; a single folder's held-out share)."""
+    recorded (image folders: its size before crops and its channels; a single folder's held-out share).
+
+    With `n_classes`, data of another class count is a DatasetError (a class count is never converted): an image
+    folder's is found from its class folders, before any image is decoded (or cached)."""
     records = [recorded_data(c) for c in checkpoints]
     record = records[0]
     if dataset is None and data_dir is not None:  # the folder given, named as the run named it
@@ -241,7 +242,22 @@ def checkpoint_data(
     size = tuple(getattr(cfg, "source_size", ())) or image_hw(cfg.image_size)
     fraction = record.get("test_fraction") if record else None
     options = {"test_fraction": fraction} if fraction is not None else {}
-    return load_dataset(dataset, data_dir=data_dir, image_size=size, channels=cfg.in_channels, **options)
+    if n_classes is not None:
+        _, root, source = resolve(dataset, data_dir=data_dir)
+        if root is not None and root.is_dir() and detect_format(root) == "folder":
+            _check_class_count(source, len(folder_classes(root)), n_classes)
+    data = load_dataset(dataset, data_dir=data_dir, image_size=size, channels=cfg.in_channels, **options)
+    if n_classes is not None:
+        _check_class_count(data.source, data.n_classes, n_classes)
+    return data
+
+
+def _check_class_count(source: str, found: int, n_classes: int) -> None:
+    if found != n_classes:
+        raise DatasetError(
+            f"{source}: {found} classes, the model has {n_classes} (a class count is never converted; fine-tune: "
+            "create_model(name, pretrained=..., n_classes=K), then fit)"
+        )
 
 
 def recorded_data(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
