@@ -7,11 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import SMALL_FLAGS, small_config
+from safetensors.torch import load_file
 
 from capsnet import CapsNet, load_pretrained
 from capsnet.data import Split, load_dataset
-from capsnet.training.checkpoint import read_summary
+from capsnet.training.checkpoint import load_state, read_summary
 from capsnet.training.evaluate import evaluate
+from capsnet.training.loop import STOP_CHECK_EVERY
+from capsnet.training.state import EpochSums
 
 N_TEST = 101  # odd: the two ranks' shares (51 and 50 images) differ, so a figure from one rank alone shows
 
@@ -167,3 +170,85 @@ def test_torchrun_em_capsnet_ranks_hold_the_same_weights(tmp_path):
         assert torch.equal(a[key], b[key]), key
     assert bool(a["caps1.beta_a_ready"]) and a["caps1.beta_a"].abs().sum() > 0  # centred, then trained
     assert int(a["train_steps"]) == 4  # 64 images, 2 ranks, batch 8: 4 steps each
+
+
+RESUME_SCRIPT = """
+import json, os, sys
+from capsnet import CapsNetConfig
+from capsnet.training import distributed, loop
+
+out, record, stop_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rank = int(os.environ["RANK"])
+closed = []
+evaluate_epoch = loop.evaluate_epoch
+
+def recording(run, state):  # the epoch's [loss sum, correct, count] over both ranks, as the loop closes it
+    closed.append(distributed.all_sum(state.sums.to_list(), run.dist, run.device)[:3])
+    return evaluate_epoch(run, state)
+
+loop.evaluate_epoch = recording
+on_step = (lambda step: rank == 1 and step == stop_at) if stop_at else None  # rank 1 alone asks to stop
+if os.path.exists(os.path.join(out, "state.pt")):
+    result = loop.resume(out, on_step=on_step)
+else:
+    model = CapsNetConfig(conv_channels=8, primary_types=2, primary_dim=4, class_dim=4, decoder_hidden=(16, 16))
+    config = loop.TrainConfig(out=out, epochs=1, train_subset=int(sys.argv[4]), test_subset=8, val_fraction=0.0,
+                              batch_size=2, device="cpu", progress=False, tensorboard=False)
+    result = loop.train(config, model, on_step=on_step)
+with open(os.path.join(record, f"rank{rank}.json"), "w") as f:
+    json.dump({"closed": closed, "interrupted": result.interrupted}, f)
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_resumes_a_mid_epoch_stop_with_the_epochs_running_sums(tmp_path):
+    """Two processes stopped mid-epoch and resumed by two processes close the epoch with the uninterrupted run's
+    sums: the mid-epoch state.pt holds both ranks' sums, restored once (on rank 0), not once per rank."""
+    script = tmp_path / "resume.py"
+    script.write_text(RESUME_SCRIPT)
+    n_images, batch, steps = 90, 2, STOP_CHECK_EVERY  # 23 steps an epoch on each rank; the stop agreed at step 16
+    env = {**_env(), "CAPSNET_NO_EXT": "1"}  # (the routing kernel's compilation is no part of this test)
+
+    def launch(out: str, stop_at: int) -> list[dict]:
+        record = tmp_path / f"record-{len(list(tmp_path.glob('record-*')))}"
+        record.mkdir()
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+               str(tmp_path / out), str(record), str(stop_at), str(n_images)]  # fmt: skip
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, f"stdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-6000:]}"
+        return [json.loads((record / f"rank{k}.json").read_text()) for k in range(2)]
+
+    whole = launch("whole", 0)
+    assert [d["interrupted"] for d in whole] == [False, False]
+    (loss, correct, count), = whole[0]["closed"]  # fmt: skip
+    assert count == n_images
+    stopped = launch("parts", 3)
+    assert [d["interrupted"] for d in stopped] == [True, True] and stopped[0]["closed"] == []
+    saved = load_state(tmp_path / "parts")
+    assert (saved["epoch"], saved["batch_in_epoch"], saved["running_ranks"]) == (0, steps, 2)
+    assert saved["running"][2] == steps * batch * 2 and saved["history"] == []  # both ranks' images so far
+    resumed = launch("parts", 0)
+    assert [d["interrupted"] for d in resumed] == [False, False]
+    for d in resumed:  # every rank closed the epoch with the uninterrupted run's sums
+        (r_loss, r_correct, r_count), = d["closed"]  # fmt: skip
+        assert (r_count, r_correct) == (count, correct) and r_loss == pytest.approx(loss, rel=1e-9)
+    rows = [load_state(tmp_path / run)["history"] for run in ("whole", "parts")]
+    assert [len(h) for h in rows] == [1, 1]
+    for key in ("train_loss", "train_acc", "test_loss", "test_acc"):
+        assert rows[1][0][key] == pytest.approx(rows[0][0][key], rel=1e-9), key
+    weights = [load_file(str(tmp_path / run / "last" / "model.safetensors")) for run in ("whole", "parts")]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])  # the same 23 steps
+    summaries = [read_summary(tmp_path / run)[0] for run in ("whole", "parts")]
+    assert summaries[1]["train_loss"] == summaries[0]["train_loss"]
+    assert summaries[1]["train_acc"] == summaries[0]["train_acc"]
+
+
+def test_a_mid_epoch_state_restores_its_running_sums_once():
+    """A state.pt with "running_ranks" holds the sums over every rank: rank 0 restores them, the others start from
+    zero. One without (written when state.pt held rank 0's own sums) restores them on every rank, as it did."""
+    running = [12.5, 7.0, 32.0, 3.25]
+    cpu = torch.device("cpu")
+    for saved, on_rank1 in [({"running": running, "running_ranks": 2}, [0.0] * 4),
+                            ({"running": running}, running)]:  # fmt: skip
+        assert EpochSums.restored(saved, is_main=True, device=cpu).to_list() == running
+        assert EpochSums.restored(saved, is_main=False, device=cpu).to_list() == on_rank1

@@ -49,6 +49,14 @@ class EpochSums:
         f64: dict[str, Any] = {"dtype": torch.float64, "device": device}
         return cls(torch.tensor(loss, **f64), torch.tensor(correct, **f64), int(count), float(seconds))
 
+    @classmethod
+    def restored(cls, saved: dict[str, Any], *, is_main: bool, device: torch.device) -> EpochSums:
+        """This rank's share of a state.pt's "running": it holds the sums over every rank, which rank 0 restores
+        while the others start from zero; a state.pt without "running_ranks" holds rank 0's sums alone, which every
+        rank restores."""
+        own = is_main or "running_ranks" not in saved
+        return cls.from_list(list(saved["running"]) if own else [0.0] * 4, device)
+
     def add(self, loss: torch.Tensor, n_correct: torch.Tensor | float, n: int) -> None:
         self.loss += loss.detach().double() * n  # (the arithmetic of the former host-side float sums)
         self.correct += n_correct
@@ -104,11 +112,8 @@ def restore(run: Run) -> RunState:
     best = saved.get("best") or _best_of_old_state(saved)
     restore_views(run.dir, {**saved, "best": best}, run.model, is_main=run.dist.is_main,
                   best_model=_best_model(run, best))  # fmt: skip
-    # "running" holds the sums over every rank (rank 0 restores them, the others start from zero); a state.pt
-    # without "running_ranks" holds rank 0's sums alone, which every rank restores.
-    own = run.dist.is_main or "running_ranks" not in saved
     state = RunState(
-        EpochSums.from_list(list(saved["running"]) if own else [0.0] * 4, run.device),
+        EpochSums.restored(saved, is_main=run.dist.is_main, device=run.device),
         saved["epoch"],
         saved["batch_in_epoch"],
         saved["step"],
