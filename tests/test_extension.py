@@ -4,6 +4,7 @@ names that change with any source file, and the lazy loader's fallback (one warn
 import re
 import shutil
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -170,15 +171,17 @@ def test_the_first_build_prints_exactly_one_line_and_keeps_os_environ(tmp_path):
 def test_the_build_key_names_torch_python_and_the_compiler_and_changes_the_name():
     key = extension.build_key()
     assert key["torch"] == torch.__version__ and key["flavour"] in ("cpu", f"cuda{torch.version.cuda}")
-    assert set(key) == {"torch", "flavour", "python", "compiler"} and all(key.values())
+    assert set(key) == {"torch", "flavour", "install", "python", "compiler"} and all(key.values())
+    assert key["install"] == str(Path(torch.__file__).parent)
     names = {
         extension_name("p", "source", "cpu", key),
         extension_name("p", "source", "cpu", {**key, "torch": "2.99.0"}),
         extension_name("p", "source", "cpu", {**key, "python": "cpython-399"}),
         extension_name("p", "source", "cpu", {**key, "compiler": "clang 99"}),
         extension_name("p", "source", "cpu", {**key, "flavour": "cuda99.0"}),
+        extension_name("p", "source", "cpu", {**key, "install": "/another/venv/torch"}),
     }
-    assert len(names) == 5
+    assert len(names) == 6
 
 
 def test_the_notice_quotes_this_machines_last_build(monkeypatch, tmp_path):

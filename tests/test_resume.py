@@ -180,3 +180,28 @@ def test_a_fit_run_is_not_resumed_by_capsnet_train(tmp_path, capsys):
     assert main(["train", "--out", str(tmp_path / "run"), "--resume"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "a run made by capsnet.fit" in err[0] and "capsnet.fit(..., resume=True)" in err[0]
+
+
+def test_a_mid_epoch_state_resumes_only_under_the_processes_that_wrote_it(tmp_path, rgb, capsys):
+    """batch_in_epoch counts each rank's batches of the epoch's split over the processes that wrote state.pt: a
+    state.pt from 2 processes, resumed by 1, is one line and exit 2, and the folder is left as it was."""
+    from capsnet.training.checkpoint import save_state
+
+    config = TrainConfig(dataset=str(rgb), batch_size=8, epochs=1, progress=False, tensorboard=False, device="cpu",
+                         out=str(tmp_path / "run"))  # fmt: skip
+    from helpers import small_config
+
+    assert train(config, small_config(kernel_size=5), on_step=lambda step: step == 2).interrupted
+    state = load_state(tmp_path / "run")
+    assert state["batch_in_epoch"] == 2 and state["running_ranks"] == 1
+    save_state(tmp_path / "run", {**state, "running_ranks": 2})
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file() and p.name != ".capsnet.lock"}
+    capsys.readouterr()
+    assert main(["train", "--out", str(tmp_path / "run"), "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"capsnet train: error: {tmp_path / 'run' / 'state.pt'}: stopped in the middle of epoch 1 under 2 "
+                   "process(es); resume it with 2 (torchrun --nproc-per-node 2), not 1"]  # fmt: skip
+    after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file() and p.name != ".capsnet.lock"}
+    assert after == before
+    save_state(tmp_path / "run", state)  # as written by 1 process: it resumes
+    assert main(["train", "--out", str(tmp_path / "run"), "--resume"]) == 0

@@ -103,11 +103,14 @@ def compiler_id() -> str:
 
 def build_key() -> dict[str, str]:
     """What a compiled kernel depends on besides its source text and the CPU: torch's version and flavour (cpu,
-    cudaX.Y, rocmX.Y), the Python ABI and the compiler."""
+    cudaX.Y, rocmX.Y), the folder it is installed in (its headers' path is in the build commands, so two
+    environments sharing one build folder would rebuild it in turn), the Python ABI and the compiler."""
     hip = getattr(torch.version, "hip", None)
     flavour = f"cuda{torch.version.cuda}" if torch.version.cuda else (f"rocm{hip}" if hip else "cpu")
     abi = sysconfig.get_config_var("SOABI") or sys.implementation.cache_tag or platform.python_version()
-    return {"torch": str(torch.__version__), "flavour": flavour, "python": str(abi), "compiler": compiler_id()}
+    install = str(Path(torch.__file__).parent)  # (as imported, not resolved: the path the build commands name)
+    return {"torch": str(torch.__version__), "flavour": flavour, "install": install, "python": str(abi),
+            "compiler": compiler_id()}  # fmt: skip
 
 
 def _last_build_s(prefix: str) -> float | None:

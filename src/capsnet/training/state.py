@@ -5,6 +5,7 @@ and whether its data and settings are its own: capsnet.training.runfolder.)"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -58,7 +59,7 @@ class EpochSums:
         return cls.from_list(list(saved["running"]) if own else [0.0] * 4, device)
 
     def add(self, loss: torch.Tensor, n_correct: torch.Tensor | float, n: int) -> None:
-        self.loss += loss.detach().double() * n  # (the arithmetic of the former host-side float sums)
+        self.loss += loss.detach().double() * n  # (float64: a long epoch's sum keeps its precision)
         self.correct += n_correct
         self.count += n
 
@@ -91,6 +92,7 @@ def restore(run: Run) -> RunState:
     dropped (its copies of the weights and Adam moments would otherwise stay in memory for the whole run)."""
     saved, config = run.state_dict, run.config
     assert saved is not None  # restore() is called only when resuming
+    check_processes(saved, world_size=run.dist.world_size, where=run.dir / STATE_NAME)
     try:
         run.model.load_state_dict(saved["model"])
     except RuntimeError as e:
@@ -122,6 +124,17 @@ def restore(run: Run) -> RunState:
     )
     run.state_dict = None
     return state
+
+
+def check_processes(saved: dict[str, Any], *, world_size: int, where: Path) -> None:
+    """A state.pt written in the middle of an epoch resumes only under as many processes as wrote it: its
+    `batch_in_epoch` counts each rank's batches of that epoch's split of the images over those processes."""
+    ranks = saved.get("running_ranks")
+    if saved.get("batch_in_epoch", 0) and ranks is not None and ranks != world_size:
+        raise CheckpointError(
+            f"{where}: stopped in the middle of epoch {saved['epoch'] + 1} under {ranks} process(es); resume it "
+            f"with {ranks} (torchrun --nproc-per-node {ranks}), not {world_size}"
+        )
 
 
 def _best_of_old_state(saved: dict) -> dict[str, Any]:
