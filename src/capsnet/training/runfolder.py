@@ -89,10 +89,13 @@ def open_run(
     task from the settled config and `check_task(config, task)` checks it; `model_settings` are the model options
     a fresh run compares with a recorded run's. `flag` names the resume switch in messages ("--resume" or
     "resume=True"); `batches`: whether the run batches at `batch_size` (then a default batch size is announced)."""
-    config = settle(config, device, dist, flag=flag, batches=batches)
+    notes: list[tuple[str, Any]] = []  # (what settle chose, said once the data is known to fit)
+    config = settle(config, device, dist, flag=flag, batches=batches, notes=notes)
     task = make_task(config)
     if check_task is not None:
         check_task(config, task)
+    for text, stream in notes if dist.is_main else ():
+        print(text, file=stream, flush=True)
     claim(config, dist, flag=flag, model_settings=model_settings)
     saved = None
     try:
@@ -106,9 +109,10 @@ def open_run(
 
 
 # ----------------------------------------------------------------------------------------------- 1. settings
-def settle(config, device: torch.device, dist, *, flag: str, batches: bool):
+def settle(config, device: torch.device, dist, *, flag: str, batches: bool, notes: list[tuple[str, Any]]):
     """The settings to train with: resuming, the run's own for each unset (None) field, checked against its record,
-    with the validation split it recorded; then the batch size resolved (the model's recipe, else the device's)."""
+    with the validation split it recorded; then the batch size resolved (the model's recipe, else the device's).
+    What it chose for the user is appended to `notes` as (line, stream)."""
     run_dir = Path(config.out)
     if config.resume:
         if not (run_dir / STATE_NAME).is_file():
@@ -123,14 +127,14 @@ def settle(config, device: torch.device, dist, *, flag: str, batches: bool):
         name = getattr(config, "model", None)  # (a FitConfig names no registry model)
         recipe = getattr(MODELS[name], "default_batch_size", None) if isinstance(name, str) and name in MODELS else None
         config = dataclasses.replace(config, batch_size=recipe or default_batch_size(device))
-        if dist.is_main and batches:
+        if batches:
             flags = "--batch-size and --lr" if flag.startswith("--") else "batch_size= and lr="
             whose = f"{name}'s recipe" if recipe else f"the {device.type} defaults"
-            print(f"batch size {config.batch_size} per process, lr {config.learning_rate:g} ({whose}; set "
-                  f"{flags} to change)", flush=True)  # fmt: skip
+            notes.append((f"batch size {config.batch_size} per process, lr {config.learning_rate:g} ({whose}; set "
+                          f"{flags} to change)", sys.stdout))  # fmt: skip
     note = precision_note(device, config.precision)
-    if note and dist.is_main:
-        print(note, file=sys.stderr, flush=True)
+    if note:
+        notes.append((note, sys.stderr))
     return config
 
 
