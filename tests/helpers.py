@@ -23,6 +23,19 @@ SMALL_FLAGS = [
     "64",
 ]
 
+# A tinier CapsNet for the run-folder tests (resume, selection, the folder's owner), on 16x16 RGB images
+# (write_rgb) as `capsnet train` flags; QUIET_FLAGS keeps such runs on the CPU without bars or TensorBoard.
+TINY_RUN_FLAGS = ["--conv-channels", "8", "--primary-types", "2", "--primary-dim", "4", "--class-dim", "4",
+                  "--decoder-hidden", "16", "16", "--kernel-size", "5"]  # fmt: skip
+QUIET_FLAGS = ["--device", "cpu", "--no-progress", "--no-tensorboard"]
+
+
+def write_rgb(folder, *, n_train: int):
+    """An .npz of `n_train` + 12 RGB images of 16x16 in 3 classes: a data set that is not the default one."""
+    from capsnet.data import standins
+
+    return standins.write_npz(folder / "rgb.npz", n_train=n_train, n_test=12, n_classes=3, shape=(16, 16, 3))
+
 
 def small_config(**overrides) -> CapsNetConfig:
     return CapsNetConfig(**{**SMALL_MODEL, **overrides})

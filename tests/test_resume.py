@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import QUIET_FLAGS, TINY_RUN_FLAGS, write_rgb
 from safetensors.torch import load_file
 
 from capsnet.cli import main
-from capsnet.data import standins
 from capsnet.errors import CheckpointError, ConfigError
 from capsnet.training import resume, tasks
 from capsnet.training.checkpoint import load_state, read_summary
@@ -21,16 +21,13 @@ from capsnet.training.loop import TrainConfig, train
 from capsnet.training.record import MAY_CHANGE
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run-0.1.0"
-MODEL = ["--conv-channels", "8", "--primary-types", "2", "--primary-dim", "4", "--class-dim", "4",
-         "--decoder-hidden", "16", "16", "--kernel-size", "5"]  # fmt: skip
-QUIET = ["--device", "cpu", "--no-progress", "--no-tensorboard"]
+MODEL, QUIET = TINY_RUN_FLAGS, QUIET_FLAGS
 
 
 @pytest.fixture(scope="module")
 def rgb(tmp_path_factory) -> Path:
     """40 + 12 RGB images of 16×16 in 3 classes: a data set that is not the default one."""
-    return standins.write_npz(tmp_path_factory.mktemp("data") / "rgb.npz", n_train=40, n_test=12, n_classes=3,
-                              shape=(16, 16, 3))  # fmt: skip
+    return write_rgb(tmp_path_factory.mktemp("data"), n_train=40)
 
 
 def _train(out: Path, rgb: Path, *extra: str) -> int:

@@ -16,13 +16,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import QUIET_FLAGS, TINY_RUN_FLAGS, write_rgb
 from torch import nn
 
 import capsnet
 from capsnet import CapsNetConfig
 from capsnet.cli import build_parser, main
 from capsnet.config import to_dict
-from capsnet.data import standins
 from capsnet.errors import ConfigError, DatasetError, RunFolderError
 from capsnet.models.efficient_capsnet import EfficientCapsNet
 from capsnet.training.checkpoint import load_state, read_summary
@@ -31,9 +31,7 @@ from capsnet.training.loop import train
 from capsnet.training.record import RECORD_MARK, recorded_settings, resumed_configs
 from capsnet.training.runfolder import LOCK_NAME
 
-MODEL = ["--conv-channels", "8", "--primary-types", "2", "--primary-dim", "4", "--class-dim", "4",
-         "--decoder-hidden", "16", "16", "--kernel-size", "5"]  # fmt: skip
-QUIET = ["--device", "cpu", "--no-progress", "--no-tensorboard"]
+MODEL, QUIET = TINY_RUN_FLAGS, QUIET_FLAGS
 SMALL = CapsNetConfig(conv_channels=8, primary_types=2, primary_dim=4, class_dim=4, decoder_hidden=(16, 16),
                       kernel_size=5)  # fmt: skip
 
@@ -41,8 +39,7 @@ SMALL = CapsNetConfig(conv_channels=8, primary_types=2, primary_dim=4, class_dim
 @pytest.fixture(scope="module")
 def rgb(tmp_path_factory) -> Path:
     """40 + 12 RGB images of 16×16 in 3 classes (36 training images at 8 a batch: 5 batches an epoch)."""
-    return standins.write_npz(tmp_path_factory.mktemp("data") / "rgb.npz", n_train=40, n_test=12, n_classes=3,
-                              shape=(16, 16, 3))  # fmt: skip
+    return write_rgb(tmp_path_factory.mktemp("data"), n_train=40)
 
 
 def _train(out: Path, rgb: Path, *extra: str) -> int:

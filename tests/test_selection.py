@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import small_config
+from helpers import QUIET_FLAGS, TINY_RUN_FLAGS, small_config, write_rgb
 from safetensors.torch import load_file
 from torch import nn
 
 import capsnet
 from capsnet.cli import main
-from capsnet.data import standins
 from capsnet.errors import ConfigError
 from capsnet.training import resume
 from capsnet.training.checkpoint import load_state, read_summary
@@ -27,16 +26,13 @@ from capsnet.training.ema import WeightAverage
 from capsnet.training.loop import TrainConfig, train
 from capsnet.training.monitor import DEFAULT_MONITOR, Monitor
 
-MODEL = ["--conv-channels", "8", "--primary-types", "2", "--primary-dim", "4", "--class-dim", "4",
-         "--decoder-hidden", "16", "16", "--kernel-size", "5"]  # fmt: skip
-QUIET = ["--device", "cpu", "--no-progress", "--no-tensorboard"]
+MODEL, QUIET = TINY_RUN_FLAGS, QUIET_FLAGS
 
 
 @pytest.fixture(scope="module")
 def rgb(tmp_path_factory) -> Path:
     """60 + 12 RGB images of 16×16 in 3 classes."""
-    return standins.write_npz(tmp_path_factory.mktemp("data") / "rgb.npz", n_train=60, n_test=12, n_classes=3,
-                              shape=(16, 16, 3))  # fmt: skip
+    return write_rgb(tmp_path_factory.mktemp("data"), n_train=60)
 
 
 def _train(out: Path, rgb: Path, *extra: str) -> int:
@@ -211,6 +207,7 @@ from capsnet.training import build
 from capsnet.training.loop import TrainConfig, train
 from capsnet.training.ema import WeightAverage
 from capsnet.cli.train import configs_from_args
+from helpers import QUIET_FLAGS, TINY_RUN_FLAGS, write_rgb
 made = []
 class Kept(WeightAverage):
     def __init__(self, *a, **k):
@@ -218,7 +215,7 @@ class Kept(WeightAverage):
         made.append(self)
 build.WeightAverage = Kept
 out, data = sys.argv[1], sys.argv[2]
-from helpers import small_config
+from helpers import QUIET_FLAGS, TINY_RUN_FLAGS, small_config, write_rgb
 train(TrainConfig(dataset=data, out=out, epochs=2, batch_size=8, ema=0.9, device="cpu", progress=False,
                   tensorboard=False, val_fraction=0.25), small_config(kernel_size=5))
 rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else int(__import__("os").environ["RANK"])
