@@ -140,7 +140,7 @@ def build_notice(what: str, prefix: str, folder: Path) -> str:
     last = _last_build_s(prefix)
     took = f"the last build here took {last:.0f} s" if last is not None else f"{TYPICAL_BUILD}, less with more cores"
     return (
-        f"capsnet: compiling {what} into {folder} (once per torch version, Python, compiler and CPU; {took}; "
+        f"capsnet: compiling {what} into {folder} (once per torch build and folder, Python, compiler, CPU; {took}; "
         "capsnet.routing.set_backend('torch') or CAPSNET_NO_EXT=1 skips it)"
     )
 
