@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,7 @@ def run_zoo(args: argparse.Namespace) -> int:
         device=args.device,
         data_dir=args.dataset,
         results=Path(args.results or "results"),
+        progress=sys.stdout.isatty(),
     )
     for row in zoo.run_zoo(plan):
         print(

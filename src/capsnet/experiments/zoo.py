@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
 import subprocess
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from ..models.registry import MODELS
 from ..results import Row, read_rows, with_accuracies, write_rows
 from ..training.config import TrainConfig
 from ..training.evaluate import evaluate
-from ..training.hardware import bf16_native, resolve_device
+from ..training.hardware import bf16_native, cpu_flags, resolve_device
 from ..training.loop import train
 from .fashion_mnist import read_test, run_state
 
@@ -57,8 +58,8 @@ class Benchmark:
 # Epoch budgets on the bundled sample: each model's own defaults, for as many epochs as a seed can take in about a
 # CPU-hour on a 2-core host (docs/benchmarks.md, "The zoo").
 SAMPLE_EPOCHS: dict[str, int] = {
-    "capsnet": 15,
-    "baseline": 15,
+    "capsnet": 10,
+    "baseline": 10,
     "em-capsnet": 3,
     "efficient-capsnet": 30,
     "inverted-attention-capsnet": 10,
@@ -220,15 +221,26 @@ def run_zoo(plan: ZooPlan) -> list[Row]:
 
 
 def cpu_name() -> str:
-    """The host's CPU model as /proc/cpuinfo names it (platform.processor() elsewhere)."""
+    """The host: its CPU model as /proc/cpuinfo names it, its core count and vector/bf16 support (the figures
+    depend on them: docs/benchmarks.md), e.g. "Intel(R) Xeon(R) Processor, 2 cores, AVX-512 BF16/AMX"."""
+    model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    flags = cpu_flags()
+    isa = (
+        "AVX-512 BF16"
+        if "avx512_bf16" in flags
+        else "AVX-512"
+        if "avx512f" in flags
+        else "AVX2"
+        if "avx2" in flags
+        else ""
+    )
+    isa += "/AMX" if "amx_bf16" in flags else ""
+    return ", ".join(x for x in (model, f"{os.cpu_count()} cores", isa) if x)
 
 
 def git_commit() -> str:
