@@ -28,7 +28,6 @@ import contextlib
 import importlib
 import logging
 import re
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,18 +270,6 @@ def push_folder(
     return {"repo": repo_id, "commit": commit, "url": str(info.commit_url), "ref": f"{PREFIX}{repo_id}@{commit}"}
 
 
-def push_model(model: Any, repo_id: str, *, card: dict[str, Any] | None = None, **options: Any) -> dict[str, str]:
-    """`model` (a capsnet model) published by :func:`push_folder`, from a save_pretrained folder written for it, with
-    the README.md that :func:`capsnet.models.model_card.render_card` makes of `card` (a card.json's fields)."""
-    from .model_card import render_card
-
-    check_repo_id(repo_id, what="push_to_hub")
-    with tempfile.TemporaryDirectory(prefix="capsnet-push-") as tmp:
-        model.save_pretrained(tmp)
-        text = render_card(card, repo_id=repo_id, model_type=model.model_type, config_file=Path(tmp) / "config.json")
-        return push_folder(tmp, repo_id, card_text=text, **options)
-
-
 __all__ = [
     "CARD_FILE",
     "PREFIX",
@@ -294,5 +281,4 @@ __all__ = [
     "is_hf_ref",
     "parse_ref",
     "push_folder",
-    "push_model",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
@@ -133,9 +134,14 @@ class Pretrained(_ModuleBase):
         card that claims no figure), in one commit. `options`: revision (a branch), private, token,
         commit_message. Returns {"repo", "commit", "url", "ref"}: `ref` loads it back, pinned to the commit
         (capsnet.models.hf_hub; the `hub` extra)."""
-        from .hf_hub import push_model
+        from .hf_hub import check_repo_id, push_folder
+        from .model_card import render_card
 
-        return push_model(self, repo_id, card=card, **options)
+        check_repo_id(repo_id, what="push_to_hub")
+        with tempfile.TemporaryDirectory(prefix="capsnet-push-") as tmp:
+            self.save_pretrained(tmp)
+            text = render_card(card, repo_id=repo_id, model_type=self.model_type, config_file=Path(tmp) / CONFIG_NAME)
+            return push_folder(tmp, repo_id, card_text=text, **options)
 
 
 def load_pretrained(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu", **overrides: Any) -> Any:
