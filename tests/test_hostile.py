@@ -152,6 +152,16 @@ def _cases(good_dir: Path, out: Path) -> list[tuple[str, list[str]]]:
         (out / f"p-{kind}.pt").write_bytes(body)
         argv = ["convert", "xifengguo-capsnet", str(out / f"p-{kind}.pt"), "--out", str(out / "converted")]
         cases.append((f"state.pt {kind}", argv))
+    lightning_ckpt = out / "epoch=0-step=6.ckpt"
+    torch.save(_lightning_checkpoint(state), lightning_ckpt)
+    (out / "lightning-run").mkdir()
+    torch.save(_lightning_checkpoint(state), out / "lightning-run" / "last.ckpt")
+    for kind, path in (("file", lightning_ckpt), ("folder", out / "lightning-run")):
+        cases.append((f"lightning ckpt {kind} predict", ["predict", "--checkpoint", str(path), image]))
+        cases.append((f"lightning ckpt {kind} export", ["export", "--checkpoint", str(path), "--out",
+                                                        str(out / "x.pt2")]))  # fmt: skip
+    cases.append(("lightning ckpt convert", ["convert", "xifengguo-capsnet", str(lightning_ckpt), "--out",
+                                             str(out / "converted")]))  # fmt: skip
     os.symlink(out / "nowhere", out / "dangling")
     os.symlink(out / "loop", out / "loop")
     for kind in ("dangling", "loop"):
@@ -159,6 +169,14 @@ def _cases(good_dir: Path, out: Path) -> list[tuple[str, list[str]]]:
         cases.append((f"symlink {kind} image", ["predict", "--checkpoint", str(model), str(out / kind)]))
         cases.append((f"symlink {kind} yaml", ["train", "--config", str(out / kind), "--out", str(out / "run")]))
     return cases
+
+
+def _lightning_checkpoint(state: dict) -> dict:
+    """What a Lightning Trainer saves of a capsnet.lightning.CapsuleModule (its keys, without Lightning)."""
+    return {"epoch": 0, "global_step": 6, "pytorch-lightning_version": "2.6.6",
+            "state_dict": {f"model.{k}": v for k, v in state.items()}, "loops": {}, "callbacks": {},
+            "optimizer_states": [], "lr_schedulers": [], "hparams_name": "kwargs",
+            "hyper_parameters": {"model_type": "capsnet", "config": {}, "lr": 1e-3}}  # fmt: skip
 
 
 def _yaml_bomb() -> bytes:
@@ -213,6 +231,8 @@ def test_every_hostile_file_is_one_line_exit_2_and_writes_nothing(cases, monkeyp
         ("yaml huge", "larger than the 1,048,576 bytes a config file may have"),
         ("yaml non-utf8", "not UTF-8 text"),
         ("state.pt text", "not a PyTorch checkpoint that loads with weights_only=True"),
+        ("lightning ckpt file predict", "a Lightning checkpoint: load it with capsnet.lightning.CapsuleModule"),
+        ("lightning ckpt folder predict", "a Lightning checkpoint: load it with capsnet.lightning.CapsuleModule"),
     ],
 )
 def test_the_line_says_what_is_wrong(cases, case, words, capsys, monkeypatch, tmp_path):
@@ -354,6 +374,21 @@ def test_a_mat_file_declaring_a_huge_array_is_refused_before_it_is_read(tmp_path
     assert main(["train", "--dataset", str(folder), "--out", str(out), "--epochs", "1", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "MAX_ARRAY_ELEMENTS" in err[0] and not out.exists(), err
+
+
+def test_a_lightning_checkpoint_as_the_state_to_resume_is_one_line(tmp_path, capsys):
+    from helpers import write_rgb
+
+    data, out = write_rgb(tmp_path, n_train=16), tmp_path / "run"
+    assert _tiny_run(out, data, "--epochs", "1") == 0
+    state = torch.load(out / "state.pt", weights_only=True)
+    torch.save(_lightning_checkpoint(state["model"]), out / "state.pt")
+    before = _files(out)
+    capsys.readouterr()
+    assert _tiny_run(out, data, "--epochs", "2", "--resume") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "state.pt: not a capsnet training state" in err[0], err
+    assert _files(out) == before
 
 
 @pytest.mark.parametrize("bad", ["http://[::1/mnist/", "https://[fe80::1%25eth0/x", "http://[zz]/"])

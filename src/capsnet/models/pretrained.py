@@ -168,6 +168,16 @@ def _folder(directory: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     return Path(directory), source
 
 
+def lightning_hint(path: Path) -> str:
+    """What to do with a Lightning checkpoint (a .ckpt file, or a folder of them) given where a capsnet folder is
+    expected, as the end of a message; "" for anything else."""
+    found = (path.suffix == ".ckpt" and path.is_file()) or (path.is_dir() and any(path.glob("*.ckpt")))
+    if not found:
+        return ""
+    return ("; a Lightning checkpoint: load it with capsnet.lightning.CapsuleModule.load_from_checkpoint(PATH) and "
+            "write its .model with save_pretrained(FOLDER)")  # fmt: skip
+
+
 def check_model_size(target: type, config: Any, where: str) -> None:
     """ConfigError if the model `config` describes has more than MAX_PARAMETERS parameters; counted on PyTorch's
     meta device (shapes, no memory), before the model is built for real."""
@@ -228,7 +238,7 @@ def _first_problems(message: str, keep: int = 2) -> str:
 def _read_config(directory: Path) -> tuple[str, dict[str, Any]]:
     path = directory / CONFIG_NAME
     if not directory.is_dir():
-        raise CheckpointError(f"{directory}: not a folder")
+        raise CheckpointError(f"{directory}: not a folder{lightning_hint(directory)}")
     if not path.is_file():
         raise CheckpointError(f"{directory}: no {CONFIG_NAME} (not a save_pretrained folder)")
     try:

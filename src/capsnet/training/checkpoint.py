@@ -37,7 +37,7 @@ from safetensors.torch import load_file, save
 from .._version import __version__
 from ..errors import CheckpointError
 from ..fileio import atomic_open, atomic_write_bytes, atomic_write_json
-from ..models.pretrained import CONFIG_NAME, WEIGHTS_NAME, Pretrained
+from ..models.pretrained import CONFIG_NAME, WEIGHTS_NAME, Pretrained, lightning_hint
 from ..models.registry import MODELS
 
 STATE_NAME = "state.pt"
@@ -273,7 +273,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     if not p.exists():
         raise CheckpointError(f"{path}: no such checkpoint (give a run folder or a save_pretrained folder)")
     if not p.is_dir():
-        raise CheckpointError(f"{path}: not a folder (give a run folder or a save_pretrained folder)")
+        raise CheckpointError(
+            f"{path}: not a folder (give a run folder or a save_pretrained folder){lightning_hint(p)}"
+        )
     for sub in ("best", "last"):
         if (p / sub / CONFIG_NAME).is_file():
             return p / sub
@@ -285,7 +287,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         return p  # load_pretrained names what is missing or wrong
     raise CheckpointError(
         f"{path}: neither a run folder (with best/ or last/) nor a save_pretrained folder "
-        f"({CONFIG_NAME} + {WEIGHTS_NAME})"
+        f"({CONFIG_NAME} + {WEIGHTS_NAME}){lightning_hint(p)}"
     )
 
 
