@@ -40,15 +40,17 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..models.hf_hub import check_repo_id, push_folder
+    from ..models import hf_hub
     from ..models.model_card import render_card
     from ..models.pretrained import load_pretrained
 
-    check_repo_id(args.repo, what="capsnet push")
+    hf_hub.check_repo_id(args.repo, what="capsnet push")
+    if args.revision is not None:
+        hf_hub.parse_ref(f"{hf_hub.PREFIX}{args.repo}@{args.revision}")
     folder, card = checkpoint_card(Path(args.checkpoint))
     model = load_pretrained(folder)  # (every check of a load, before anything goes up)
     text = render_card(card, repo_id=args.repo, model_type=model.model_type, config_file=folder / "config.json")
-    done = push_folder(folder, args.repo, card_text=text, revision=args.revision, private=args.private or None,
+    done = hf_hub.push_folder(folder, args.repo, card_text=text, revision=args.revision, private=args.private or None,
                        commit_message=args.message)  # fmt: skip
     print(f"pushed {folder} to {done['repo']}: commit {done['commit']} ({done['url']})")
     print(f"load it with --pretrained {done['ref']} (pinned), or hf-hub:{done['repo']} (the branch's latest)")
