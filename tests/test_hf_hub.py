@@ -130,8 +130,10 @@ def test_push_to_hub_makes_the_hubs_calls_and_the_folder_comes_back_equal_then_o
     }
     assert Path(loaded.provenance["folder"]).name == commit  # (the Hub cache's snapshot folder of the commit)
     assert {n: (Path(loaded.provenance["folder"]) / n).read_bytes() for n in files} == files
+    hub.requests.clear()
     pinned = create_model("capsnet", pretrained=done["ref"])
     assert _same(pinned, model) and pinned.provenance["pinned"] and pinned.provenance["commit"] == commit
+    assert hub.requests == []  # a commit's files, once in the cache, are never asked for again
     assert not hub.sent("GET", "README.md")  # the card is never read to load a model
 
     monkeypatch.setattr(hf.constants, "HF_HUB_OFFLINE", True)

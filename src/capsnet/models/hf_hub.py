@@ -13,10 +13,11 @@ huggingface_hub does the talking: its cache (HF_HUB_CACHE, HF_HOME), its endpoin
    allows in a ref, with no `..` (it names a file of the cache's refs/ folder);
 2. the revision is resolved to a commit once (`HfApi.resolve_revision`; offline, from the cache's refs/), so that
    both files come from that commit, recorded in the model's `provenance`;
-3. online, the repository's file list at that commit (at most MAX_HUB_FILES entries) must hold config.json and
-   model.safetensors within the byte limits (capsnet.limits) before either is downloaded;
-4. both files are downloaded by commit (`hf_hub_download`) and loaded as a local folder is: config.json strictly,
-   the weights' names, shapes, kinds and finiteness against it, the parameter count against MAX_PARAMETERS.
+3. unless both files of that commit are in the cache (then nothing more is asked), the repository's file list at
+   that commit (at most MAX_HUB_FILES entries) must hold config.json and model.safetensors within the byte limits
+   (capsnet.limits) before either is downloaded, by commit (`hf_hub_download`);
+4. the folder is loaded as a local folder is: config.json strictly, the weights' names, shapes, kinds and
+   finiteness against it, the parameter count against MAX_PARAMETERS.
 
 README.md (the card) is never read to load a model. Every failure is one line (:class:`capsnet.errors.DownloadError`
 or ConfigError): a missing repository, revision or file, a refused token, offline with nothing cached.
@@ -112,9 +113,13 @@ def fetch_hf(text: str) -> tuple[Path, dict[str, Any]]:
         commit = str(api.resolve_revision(ref.repo_id, revision=ref.revision).resolved)
         if not COMMIT.fullmatch(commit):
             raise DownloadError(f"{ref}: the Hub resolved it to {commit[:60]!r}, not a commit hash", url=str(ref))
-        if not offline:
-            check_listing(ref, _listing(api, ref, commit))
-        paths = [Path(hub.hf_hub_download(ref.repo_id, name, revision=commit)) for name in REPO_FILES]
+        cached = [hub.try_to_load_from_cache(ref.repo_id, name, revision=commit) for name in REPO_FILES]
+        if all(isinstance(path, str) for path in cached):  # (a commit's files never change: no request)
+            paths = [Path(path) for path in cached]
+        else:
+            if not offline:
+                check_listing(ref, _listing(api, ref, commit))
+            paths = [Path(hub.hf_hub_download(ref.repo_id, name, revision=commit)) for name in REPO_FILES]
     folder = paths[0].parent
     if any(p.parent != folder for p in paths):  # (both files of one commit share its snapshot folder)
         raise DownloadError(f"{ref}: its files did not land in one snapshot folder of the cache", url=str(ref))
