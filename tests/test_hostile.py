@@ -152,6 +152,11 @@ def _cases(good_dir: Path, out: Path) -> list[tuple[str, list[str]]]:
         (out / f"p-{kind}.pt").write_bytes(body)
         argv = ["convert", "xifengguo-capsnet", str(out / f"p-{kind}.pt"), "--out", str(out / "converted")]
         cases.append((f"state.pt {kind}", argv))
+    # hf-hub: references refused before any request (the ones a Hub must answer: tests/test_hf_hub.py)
+    for kind, ref in (("name", "hf-hub:org/a--b"), ("no org", "hf-hub:repo"), ("traversal", "hf-hub:../../etc"),
+                      ("revision traversal", "hf-hub:org/repo@../../../refs/x"),
+                      ("revision newline", "hf-hub:org/repo@main\nx")):  # fmt: skip
+        cases.append((f"hf-hub {kind}", ["predict", "--pretrained", ref, image]))
     lightning_ckpt = out / "epoch=0-step=6.ckpt"
     torch.save(_lightning_checkpoint(state), lightning_ckpt)
     (out / "lightning-run").mkdir()
@@ -231,6 +236,8 @@ def test_every_hostile_file_is_one_line_exit_2_and_writes_nothing(cases, monkeyp
         ("yaml huge", "larger than the 1,048,576 bytes a config file may have"),
         ("yaml non-utf8", "not UTF-8 text"),
         ("state.pt text", "not a PyTorch checkpoint that loads with weights_only=True"),
+        ("hf-hub revision traversal", "'../../../refs/x' is not a revision"),
+        ("hf-hub no org", "'repo' is not a repository ORG/NAME"),
         ("lightning ckpt file predict", "a Lightning checkpoint: load it with capsnet.lightning.CapsuleModule"),
         ("lightning ckpt folder predict", "a Lightning checkpoint: load it with capsnet.lightning.CapsuleModule"),
     ],
