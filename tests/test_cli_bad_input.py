@@ -38,6 +38,7 @@ NO_BAD_VALUE = {
     "help": "prints the help",
     "seed": "any integer is a seed",
     "val_seed": "any integer is a seed",
+    "message": "any text is a commit message",
 }
 # Counts for which 0 is a valid value (only the negative ones are bad).
 ZERO_OK = {"shift"}
@@ -60,6 +61,8 @@ KINDS = {
     "image_size": "size",
     "pretrained": "pretrained",
     "weights": "file",
+    "repo": "hub repo",
+    "revision": "hub revision",
 }
 # Safe values for the rest of each command line: quick, on the CPU, inside the test's folder (by dest).
 SAFE = {
@@ -74,6 +77,7 @@ SAFE = {
     "tensorboard": ["--no-tensorboard"],
     "quick": ["--quick"],
     "figures": ["--no-figures"],
+    "repo": ["org/name"],
 }
 
 
@@ -123,8 +127,11 @@ BAD_VALUES = {
     "choice": ["no-such-choice"],
     "device": ["quantum", "cuda:99" if torch.cuda.is_available() else "cuda"],
     "name": ["no-such-name"],
-    "pretrained": ["no-such-model:tag", "capsnet:no-such-tag", "capsnet", "http://127.0.0.1:9/no-sha256"],
+    "pretrained": ["no-such-model:tag", "capsnet:no-such-tag", "capsnet", "http://127.0.0.1:9/no-sha256",
+                   "hf-hub:org/../x", "hf-hub:org/x@../../y"],
     "augment": ["warp=3"],
+    "hub repo": ["no-org", "org/../x", "org/a--b"],
+    "hub revision": ["../../refs", "main/../x"],
     "size": ["0", "big"],
     "folder": ["missing", "a file", "unreadable"],
     "data": ["missing", "a file", "unreadable", "not a data set"],
@@ -312,6 +319,9 @@ def no_training(monkeypatch):
         raise _Trained("training started: the bad value was accepted")
 
     monkeypatch.setattr(loop, "train_epoch", refuse)
+    from capsnet.models import hf_hub  # capsnet push: stopped before it reaches the Hub
+
+    monkeypatch.setattr(hf_hub, "push_folder", refuse)
     if importlib.util.find_spec("gradio") is not None:  # capsnet explore: stopped before it serves
         from capsnet.viz import explore
 

@@ -37,6 +37,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("export", "capsnet.cli.export"),
     ("convert", "capsnet.cli.convert"),
     ("explore", "capsnet.cli.explore"),
+    ("push", "capsnet.cli.push"),
 ]
 # Each subcommand's line in `capsnet --help`, here so that the list needs none of the modules.
 HELP: dict[str, str] = {
@@ -51,6 +52,7 @@ HELP: dict[str, str] = {
     "export": "export a model to ONNX (.onnx) or torch.export (.pt2), with a dynamic batch axis",
     "convert": "convert published weights into a save_pretrained folder",
     "explore": "a local web page: capsule lengths, poses, reconstructions, routing",
+    "push": "publish a checkpoint on the Hugging Face Hub, with its model card",
 }
 
 
