@@ -90,7 +90,7 @@ def _format(value: object) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:.4g}" if not math.isfinite(value) or abs(value) >= 1e4 else f"{round(value, 4):g}"
+        return repr(round(value, 4)) if math.isfinite(value) else ""  # 4 decimals; nan/inf: not measured
     return str(value)
 
 

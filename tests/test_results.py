@@ -1,0 +1,65 @@
+"""The results data (capsnet.results): rows round-trip through CSV, merge by key, and refuse a file that is not one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from capsnet.errors import CapsNetError
+from capsnet.results import COLUMNS, KEY, Row, accuracy_stats, read_rows, rows_csv, with_accuracies, write_rows
+
+
+def test_accuracy_stats_are_the_mean_and_sample_std():
+    mean, std = accuracy_stats([98.0, 98.5, 99.0])
+    assert mean == pytest.approx(98.5)
+    assert std == pytest.approx(0.5)  # sample std: sqrt(((-.5)^2 + 0 + .5^2) / 2)
+    assert accuracy_stats([97.25]) == (97.25, 0.0)
+
+
+def test_a_row_round_trips_through_csv(tmp_path):
+    row = with_accuracies(
+        Row(model="capsnet", params=8215568, benchmark="sample", protocol="p", epochs=10, batch_size=16,
+            train_img_s=123.456789, cpu="x, 2 cores", command='capsnet train --out "a b"'),
+        [0, 1, 2], [98.1, 98.2, 98.35],
+    )  # fmt: skip
+    path = tmp_path / "r.csv"
+    write_rows(path, [row])
+    (back,) = read_rows(path)
+    assert back.seeds == "0 1 2" and back.test_acc == "98.10 98.20 98.35"
+    assert back.params == 8215568 and back.epochs == 10
+    assert back.test_acc_mean == pytest.approx(98.2167, abs=1e-4)
+    assert back.train_img_s == pytest.approx(123.4568)
+    assert back.command == row.command and back.cpu == row.cpu
+    assert back.affine_acc_mean is None  # empty: not measured
+    assert path.read_text().splitlines()[0].split(",") == list(COLUMNS)
+
+
+def test_write_rows_replaces_a_row_of_the_same_key_and_keeps_the_others(tmp_path):
+    path = tmp_path / "r.csv"
+    a = Row(model="a", benchmark="sample", test_acc_mean=90.0)
+    b = Row(model="b", benchmark="sample", test_acc_mean=80.0)
+    write_rows(path, [a, b])
+    write_rows(path, [Row(model="a", benchmark="sample", test_acc_mean=95.0)])
+    rows = {r.model: r for r in read_rows(path)}
+    assert rows["a"].test_acc_mean == 95.0 and rows["b"].test_acc_mean == 80.0
+    other = Row(model="a", benchmark="sample", precision="bf16", test_acc_mean=94.0)  # precision is in the key
+    write_rows(path, [other])
+    assert len(read_rows(path)) == 3 and "precision" in KEY
+
+
+def test_a_file_that_is_not_results_is_one_error_naming_it(tmp_path):
+    path = tmp_path / "other.csv"
+    path.write_text("name,score\nx,1\n")
+    with pytest.raises(CapsNetError, match=r"other\.csv: not a results file"):
+        read_rows(path)
+    path.write_text("model,epochs\nx,ten\n")
+    with pytest.raises(CapsNetError, match="'epochs' holds 'ten'"):
+        read_rows(path)
+
+
+def test_numbers_are_written_short_and_exact_enough():
+    text = rows_csv([Row(model="m", test_acc_mean=98.123456789, peak_mem_mb=12345.678, test_acc_std=math.nan)])
+    values = dict(zip(COLUMNS, text.splitlines()[1].split(",")))
+    assert values["test_acc_mean"] == "98.1235" and values["peak_mem_mb"] == "12345.678"
+    assert values["test_acc_std"] == ""  # nan: not measured
