@@ -172,7 +172,7 @@ def run_state(config: TrainConfig) -> str:
     saved = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     wanted, had = dataclasses.asdict(config), saved.get("train", {})
     for key in RECORDED:
-        if key in had and had[key] != wanted[key]:
+        if key in had and wanted[key] is not None and had[key] != wanted[key]:  # unset: the run's own
             raise ConfigError(f"{folder}: trained with {key} {had[key]!r}, this command asks for {wanted[key]!r}; "
                               "run it with the same flags, or choose another --out")  # fmt: skip
     done = read_test(folder)

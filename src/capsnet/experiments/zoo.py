@@ -149,15 +149,16 @@ def train_seed(plan: ZooPlan, model: str, seed: int) -> dict[str, Any]:
 
 
 def affine_accuracy(folder: Path, plan: ZooPlan) -> float:
-    """best/'s accuracy on the affine-transformed test images (cached in the seed's affine.json)."""
+    """best/'s accuracy on the run's test images under the affine transform (cached in the seed's affine.json)."""
     cached = folder / "affine.json"
     if cached.is_file():
         return float(json.loads(cached.read_text(encoding="utf-8"))["accuracy"])
-    data = load_dataset(BENCHMARKS[plan.benchmark].dataset, data_dir=plan.data_dir)
-    model = load_pretrained(folder / "best")
-    test = data.test
-    accuracy = evaluate(model, Split(affine_test_images(test.images), test.labels, test.channel_stats))["accuracy"]
-    atomic_write_json(cached, {"accuracy": accuracy, "transform": "capsnet.data.augment.AFFINE_TEST"})
+    n = _recorded(folder)["train"].get("test_subset")  # the images the run's test.json scored
+    test = load_dataset(BENCHMARKS[plan.benchmark].dataset, data_dir=plan.data_dir).test
+    images, labels = test.images[:n], test.labels[:n]
+    split = Split(affine_test_images(images), labels, test.channel_stats)
+    accuracy = evaluate(load_pretrained(folder / "best"), split)["accuracy"]
+    atomic_write_json(cached, {"accuracy": accuracy, "n": len(labels), "transform": "capsnet.data.augment.AFFINE_TEST"})
     return accuracy
 
 
@@ -178,7 +179,7 @@ def model_row(plan: ZooPlan, model: str, seeds: list[dict[str, Any]]) -> Row:
         params=sum(p.numel() for p in trained.parameters()),
         benchmark=plan.benchmark,
         protocol=PROTOCOL,
-        train_images=len(data.train or []) - n_val,  # the data set's training split less the validation split
+        train_images=(train_cfg.get("train_subset") or len(data.train or [])) - n_val,  # less the validation split
         val_images=n_val,
         test_images=best[0]["n"],
         epochs=train_cfg["epochs"],

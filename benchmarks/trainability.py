@@ -1,0 +1,113 @@
+"""The trainability suite's figures: every registered model at its defaults on each synthetic case
+(capsnet.data.synthetic), trained as `capsnet train --dataset FOLDER` trains it, over seeds; rows to
+results/trainability.csv.
+
+    python benchmarks/trainability.py [--models capsnet,deepcaps] [--cases shapes,textures] [--seeds 3]
+        [--epochs 10] [--results results] [--work DIR]
+
+Each case is written once as train/ and test/ class folders of PNG files under --work; each run holds out its
+validation split from train/, chooses best/ on it (val_loss), and scores test/ once. The row gives every seed's
+test accuracy of best/. tests/test_trainability.py holds the same cases to a stated accuracy in `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from capsnet.data.synthetic import CASES, make_case, write_folder
+from capsnet.experiments.zoo import cpu_name, git_commit
+from capsnet.models.registry import MODELS
+from capsnet.results import Row, with_accuracies, write_rows
+from capsnet.training.config import TrainConfig
+from capsnet.training.loop import train
+
+# Images per class of each case: training (of which the run holds out a tenth for validation) and test.
+SIZES = {"shapes": (100, 100), "two-shapes": (100, 100), "shapes-20": (30, 30), "color-digits": (60, 50),
+         "textures": (60, 50)}  # fmt: skip
+EPOCHS = 10
+
+
+def case_folder(case: str, work: Path) -> Path:
+    """The case's class folders under `work` (written on first use)."""
+    folder = work / case
+    if not (folder / "test").is_dir():
+        n_train, n_test = SIZES[case]
+        write_folder(make_case(case, n_per_class=n_train, n_test_per_class=n_test, seed=0), folder)
+    return folder
+
+
+def run(model: str, case: str, seed: int, *, epochs: int, work: Path) -> float:
+    """Test accuracy of best/ of one `capsnet train --dataset FOLDER --model MODEL --seed SEED` run."""
+    out = work / "runs" / case / model / f"seed-{seed}"
+    folder = case_folder(case, work)
+    resume = (out / "state.pt").is_file()
+    config = TrainConfig(
+        dataset=str(folder),
+        model=model,
+        seed=seed,
+        epochs=epochs,
+        out=str(out),
+        progress=False,
+        tensorboard=False,
+        resume=resume,
+    )
+    accuracy = train(config).best_test_acc
+    if accuracy is None:
+        raise RuntimeError(f"{out}: the run ended without a test figure")
+    return accuracy
+
+
+def case_row(model: str, case: str, *, epochs: int, seeds: int) -> Row:
+    """The row of one model on one case, before its accuracies."""
+    n_train, n_test = SIZES[case]
+    n_classes = len(CASES[case].classes)
+    n_val = round(0.1 * n_classes * n_train)  # TrainConfig's val_fraction
+    return Row(
+        model=model,
+        benchmark=f"trainability:{case}",
+        protocol="capsnet train --dataset FOLDER at the model's defaults; best/ on val_loss, test/ scored once",
+        train_images=n_classes * n_train - n_val,
+        val_images=n_val,
+        test_images=n_classes * n_test,
+        epochs=epochs,
+        cpu=cpu_name(),
+        commit=git_commit(),
+        command=f"python benchmarks/trainability.py --models {model} --cases {case} --seeds {seeds}",
+    )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(MODELS), help="comma list (default: every registered model)")
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma list of {', '.join(CASES)}")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=EPOCHS)
+    p.add_argument("--results", default="results", help="the results data folder")
+    p.add_argument("--work", default=None, help="where the case folders and runs go (default: a temporary folder)")
+    args = p.parse_args()
+    models = [MODELS.canonical(m) for m in args.models.split(",") if m]
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        print(f"trainability: error: unknown case(s) {', '.join(unknown)}; known: {', '.join(CASES)}", file=sys.stderr)
+        return 2
+    work = Path(args.work or tempfile.mkdtemp(prefix="capsnet-trainability-"))
+    seeds = list(range(args.seeds))
+    for case in cases:
+        for model in models:
+            start = time.perf_counter()
+            accuracies = [100 * run(model, case, s, epochs=args.epochs, work=work) for s in seeds]
+            row = with_accuracies(case_row(model, case, epochs=args.epochs, seeds=args.seeds), seeds, accuracies)
+            write_rows(Path(args.results) / "trainability.csv", [row])
+            took = time.perf_counter() - start
+            figure = f"{row.test_acc_mean:6.2f} ± {row.test_acc_std:5.2f}% ({row.test_acc})"
+            print(f"{case:13s} {model:28s} {figure} {took:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
