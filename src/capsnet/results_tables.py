@@ -1,0 +1,189 @@
+"""Markdown tables made from the results data (capsnet.results): the README's model table and docs/results.md's
+tables, each between a pair of marker comments that tools/render_results.py rewrites and tests/test_results.py
+checks.
+
+    <!-- results:NAME -->
+    ...generated table...
+    <!-- /results:NAME -->
+
+Tables: `models` (README: every registered model, its sample and Fashion-MNIST accuracy, affine accuracy and
+cost), `sample`, `fashion-mnist`, `cost` and `trainability` (docs/results.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from .errors import CapsNetError
+from .results import Row, read_rows
+
+FILES = ("sample", "fashion-mnist", "cost", "trainability")  # results/NAME.csv
+
+
+def load(results: str | Path) -> dict[str, list[Row]]:
+    """Every results file under `results` by name ([] for one that is absent)."""
+    root = Path(results)
+    return {name: read_rows(root / f"{name}.csv") if (root / f"{name}.csv").is_file() else [] for name in FILES}
+
+
+def _pct(row: Row | None, *, affine: bool = False) -> str:
+    if row is None:
+        return "not measured yet"
+    if row.status != "done":
+        return f"{row.status} (`{row.command}`)" if row.command else row.status
+    mean, std = (row.affine_acc_mean, row.affine_acc_std) if affine else (row.test_acc_mean, row.test_acc_std)
+    if mean is None:
+        return "not measured yet"
+    seeds = len(row.seeds.split())
+    spread = f" ± {std:.2f}" if seeds > 1 and std is not None else ""
+    return (
+        f"{mean:.2f}{spread}%" if affine else f"{mean:.2f}{spread}% ({seeds} seed{'s' * (seeds > 1)}, {row.epochs} ep.)"
+    )
+
+
+def _by_model(rows: Iterable[Row], precision: str | None = None) -> dict[str, Row]:
+    """Each model's row (the `defaults` configuration; bf16 before fp32 unless `precision` is given)."""
+    out: dict[str, Row] = {}
+    for row in sorted(rows, key=lambda r: r.precision != "bf16"):
+        if row.config == "defaults" and (precision is None or row.precision == precision):
+            out.setdefault(row.model, row)
+    return out
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    align = [
+        "---" if i == 0 else "---:" if h.endswith(("%", "s", "MiB", "parameters")) else "---"
+        for i, h in enumerate(header)
+    ]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def models_table(data: dict[str, list[Row]], models: list[str], shipped: Callable[[str], list[str]]) -> str:
+    """The README's table: one line per registered model."""
+    sample, fashion, cost = _by_model(data["sample"]), _by_model(data["fashion-mnist"]), _by_model(data["cost"])
+    lines = []
+    for name in models:
+        s, f, c = sample.get(name), fashion.get(name), cost.get(name)
+        params = next((r.params for r in (s, f, c) if r is not None and r.params), None)
+        lines.append(
+            [
+                f"`{name}`",
+                f"{params:,}" if params else "—",
+                ", ".join(f"`{t}`" for t in shipped(name)) or "—",
+                _pct(s),
+                _pct(s, affine=True),
+                _pct(f),
+                f"{c.train_img_s:,.0f}" if c and c.train_img_s else "—",
+            ]
+        )
+    header = [
+        "`--model`",
+        "parameters",
+        "shipped weights",
+        "bundled sample, test %",
+        "sample, affine test %",
+        "Fashion-MNIST, test %",
+        "train img/s",
+    ]
+    return _table(header, lines)
+
+
+def accuracy_table(rows: list[Row]) -> str:
+    """docs/results.md: a benchmark's rows with their seeds, budget, precision and command."""
+    lines = [
+        [
+            f"`{r.model}`" + ("" if r.config == "defaults" else f" {r.config}"),
+            f"{r.params:,}" if r.params else "—",
+            str(r.epochs or "—"),
+            str(r.batch_size or "—"),
+            r.precision,
+            _pct(r),
+            r.test_acc or "—",
+            _pct(r, affine=True) if r.status == "done" else "—",
+            f"`{r.command}`",
+        ]
+        for r in rows
+    ]
+    header = [
+        "model",
+        "parameters",
+        "epochs",
+        "batch",
+        "precision",
+        "test % (mean ± std)",
+        "each seed",
+        "affine test %",
+        "command",
+    ]
+    return _table(header, lines)
+
+
+def cost_table(rows: list[Row]) -> str:
+    def num(v: float | None, fmt: str = ",.0f") -> str:
+        return "—" if v is None else format(v, fmt)
+
+    lines = [
+        [
+            f"`{r.model}`",
+            r.precision,
+            str(r.batch_size or "—"),
+            num(r.train_img_s),
+            num(r.infer_img_s_b1),
+            num(r.infer_img_s_batch),
+            num(r.peak_mem_mb),
+            r.cpu,
+        ]
+        for r in rows
+    ]
+    header = [
+        "model",
+        "precision",
+        "train batch",
+        "train img/s",
+        "infer img/s, batch 1",
+        "infer img/s, batch 256",
+        "peak MiB",
+        "CPU",
+    ]
+    return _table(header, lines)
+
+
+def trainability_table(rows: list[Row]) -> str:
+    cases = sorted({r.benchmark.removeprefix("trainability:") for r in rows})
+    cell = {(r.model, r.benchmark.removeprefix("trainability:")): r for r in rows}
+    models = list(dict.fromkeys(r.model for r in rows))
+    lines = [[f"`{m}`", *(_pct(cell.get((m, c))) for c in cases)] for m in models]
+    return _table(["model", *(f"{c}, test %" for c in cases)], lines)
+
+
+def render_all(data: dict[str, list[Row]], models: list[str], shipped: Callable[[str], list[str]]) -> dict[str, str]:
+    """Every table by its marker name."""
+    return {
+        "models": models_table(data, models, shipped),
+        "sample": accuracy_table(data["sample"]),
+        "fashion-mnist": accuracy_table(data["fashion-mnist"]),
+        "cost": cost_table(data["cost"]),
+        "trainability": trainability_table(data["trainability"]),
+    }
+
+
+def fill(text: str, tables: dict[str, str], *, source: str) -> str:
+    """`text` with each marked table replaced; CapsNetError naming `source` for a marker without its end."""
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in tables:
+            raise CapsNetError(f"{source}: unknown results table {name!r}; known: {', '.join(tables)}")
+        return f"<!-- results:{name} -->\n{tables[name]}\n<!-- /results:{name} -->"
+
+    opened = re.findall(r"<!-- results:([\w-]+) -->", text)
+    closed = re.findall(r"<!-- /results:([\w-]+) -->", text)
+    if opened != closed:
+        raise CapsNetError(f"{source}: results markers do not pair up ({opened} opened, {closed} closed)")
+    return re.sub(r"<!-- results:([\w-]+) -->.*?<!-- /results:\1 -->", replace, text, flags=re.S)
+
+
+__all__ = ["FILES", "accuracy_table", "cost_table", "fill", "load", "models_table", "render_all", "trainability_table"]
