@@ -1,7 +1,8 @@
 """`capsnet train`: flags generated from TrainConfig and every registered model's config, or a --config file.
 
 A model option is one flag, `--field-name`, shared by the models whose configs have a field of that name (their
-types must agree). A flag that the chosen `--model` does not take is an error, not silently ignored.
+types must agree). A flag that the chosen `--model` does not take is an error, not silently ignored. `--model`
+naming an installed plugin's model (capsnet.plugins) registers it before the flags are parsed and adds its options.
 
 `--resume` continues the run in --out with the settings its config.json records: a flag (or --config key) given
 again must agree with them unless it may change on resume (capsnet.training.record.MAY_CHANGE).
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ from ..config import (
 )
 from ..configs.base import DATA_FIELDS, MODEL_CONFIGS
 from ..errors import ConfigError
+from ..plugins import PluginError
 from ..training.config import TrainConfig
 
 # The parser reads the models' configs (capsnet.configs) and TrainConfig, all torch-free; training, the record of a
@@ -52,7 +56,7 @@ def model_options() -> dict[str, ModelOption]:
             if f.name in train_fields:
                 raise TypeError(f"{config_class.__name__}.{f.name} clashes with the TrainConfig field of that name")
             option = options.setdefault(f.name, ModelOption(f.name, hints[f.name], {}))
-            if option.type != hints[f.name]:
+            if _flag_type(option.type) != _flag_type(hints[f.name]):
                 other = ", ".join(option.models)
                 raise TypeError(
                     f"field {f.name!r} is {hints[f.name]} in {config_class.__name__} but {option.type} "
@@ -60,6 +64,14 @@ def model_options() -> dict[str, ModelOption]:
                 )
             option.models[model_name] = (f.metadata.get("help", ""), field_default(f))
     return options
+
+
+def _flag_type(tp: Any) -> Any:
+    """The type a flag parses for a field of type `tp`: `int | None` and `int` make the same flag."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
+        return members[0] if len(members) == 1 else tp
+    return tp
 
 
 def _help(option: ModelOption) -> str:
@@ -88,7 +100,34 @@ def register(subparsers) -> None:
             title = f"model options (--model {' or '.join(takers)})"
             groups[takers] = p.add_argument_group(title)
         add_field_argument(groups[takers], option.name, option.type, _help(option))
+    p.prepare = add_plugin_model_flags
     p.set_defaults(func=run)
+
+
+def add_plugin_model_flags(parser: argparse.ArgumentParser, args: list[str]) -> None:
+    """`--model NAME` naming an installed plugin's model: register it (importing it) and add the options of its
+    config that no built-in model has as flags. A plugin that cannot be loaded is the parser's one-line error."""
+    name = next((v for flag, v in itertools.pairwise(args) if flag == "--model"), None)
+    name = next((a.split("=", 1)[1] for a in args if a.startswith("--model=")), name)
+    if name is None or name in MODEL_CONFIGS:
+        return
+    from ..models.registry import MODELS
+
+    try:
+        model = MODELS.canonical(name)
+        options = model_options()
+    except PluginError as e:
+        parser.error(str(e))
+    except ConfigError:
+        return  # an unknown name: TrainConfig reports it, with the known ones
+    except TypeError as e:  # its config's fields clash with the built-in models' or TrainConfig's
+        parser.error(f"plugin model {name!r}: {e}")
+    flags = {action.dest for action in parser._actions}
+    new = [o for o in options.values() if model in o.models and o.name not in flags]
+    if new:
+        group = parser.add_argument_group(f"model options (--model {model}, a plugin)")
+        for option in new:
+            add_field_argument(group, option.name, option.type, _help(option))
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Any]:
