@@ -44,11 +44,12 @@ class ModelOption:
     models: dict[str, tuple[str, Any]]
 
 
-def model_options() -> dict[str, ModelOption]:
-    """Every built-in model's config fields (except those the data set fills in), merged by name."""
+def model_options(configs: dict[str, type] | None = None) -> dict[str, ModelOption]:
+    """The config fields (except those the data set fills in) of `configs` (model name -> config class; default:
+    every model config of capsnet.configs, built-in or registered in this process), merged by name."""
     train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
     options: dict[str, ModelOption] = {}
-    for model_name, config_class in MODEL_CONFIGS.items():
+    for model_name, config_class in (MODEL_CONFIGS if configs is None else configs).items():
         hints = typing.get_type_hints(config_class)
         for f in dataclasses.fields(config_class):
             if f.name in DATA_FIELDS or not f.init:
@@ -84,9 +85,10 @@ def _help(option: ModelOption) -> str:
     return "; ".join(t if "(default" in t else f"{m}: {t} (default: {d})" for m, (t, d) in option.models.items())
 
 
-def flags_of(model: str) -> list[str]:
-    """The model flags that `--model MODEL` takes."""
-    return ["--" + name.replace("_", "-") for name, o in model_options().items() if model in o.models]
+def flags_of(model: str, config_class: type | None = None) -> list[str]:
+    """The model flags that `--model MODEL` takes (a plugin's: those of its `config_class`)."""
+    options = model_options(None if config_class is None else {model: config_class})
+    return ["--" + name.replace("_", "-") for name, o in options.items() if model in o.models]
 
 
 def register(subparsers) -> None:
@@ -105,8 +107,9 @@ def register(subparsers) -> None:
 
 
 def add_plugin_model_flags(parser: argparse.ArgumentParser, args: list[str]) -> None:
-    """`--model NAME` naming an installed plugin's model: register it (importing it) and add the options of its
-    config that no built-in model has as flags. A plugin that cannot be loaded is the parser's one-line error."""
+    """`--model NAME` naming an installed plugin's model: register it (importing it) and add the fields of its config
+    as flags, in place of the built-in models' flags of the same names. A plugin that cannot be loaded, or a field
+    that clashes with a TrainConfig flag, is the parser's one-line error."""
     name = next((v for flag, v in itertools.pairwise(args) if flag == "--model"), None)
     name = next((a.split("=", 1)[1] for a in args if a.startswith("--model=")), name)
     if name is None or name in MODEL_CONFIGS:
@@ -115,19 +118,19 @@ def add_plugin_model_flags(parser: argparse.ArgumentParser, args: list[str]) -> 
 
     try:
         model = MODELS.canonical(name)
-        options = model_options()
+        options = model_options({model: MODELS[model].config_class}) if model not in MODEL_CONFIGS else {}
     except PluginError as e:
         parser.error(str(e))
     except ConfigError:
         return  # an unknown name: TrainConfig reports it, with the known ones
-    except TypeError as e:  # its config's fields clash with the built-in models' or TrainConfig's
+    except TypeError as e:  # a field of its config has a TrainConfig flag's name
         parser.error(f"plugin model {name!r}: {e}")
-    flags = {action.dest for action in parser._actions}
-    new = [o for o in options.values() if model in o.models and o.name not in flags]
-    if new:
+    if options:
+        parser.conflict_handler = "resolve"  # its fields replace the built-in models' flags of the same names
         group = parser.add_argument_group(f"model options (--model {model}, a plugin)")
-        for option in new:
+        for option in options.values():
             add_field_argument(group, option.name, option.type, _help(option))
+        parser.set_defaults(plugin_options=list(options))
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Any]:
@@ -145,12 +148,12 @@ def configs_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Any]:
     config_class = MODELS[config.model].config_class
     takes = {f.name for f in dataclasses.fields(config_class)}
     old_keys = set(getattr(config_class, "_renamed_keys", {}))  # deprecated names a config file may still use
-    for name in model_options():
+    for name in model_flags(args):
         if getattr(args, name, None) is not None and name not in takes:
-            _reject(f"--{name.replace('_', '-')}", config.model)
+            _reject(f"--{name.replace('_', '-')}", config.model, config_class)
     for key in model_base:
         if key not in takes | old_keys:
-            _reject(f"{args.config_file}: model key {key!r}", config.model)
+            _reject(f"{args.config_file}: model key {key!r}", config.model, config_class)
     # The data set fills in the data fields (TrainConfig.image_size, a conversion, is not the model's image_size).
     model_args = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in DATA_FIELDS})
     return config, dataclass_from_args(config_class, model_args, model_base)
@@ -167,7 +170,7 @@ def resumed_from_args(args: argparse.Namespace, run_dir: Path) -> tuple[TrainCon
         raise ConfigError(f"{args.config_file}: 'model' must be a mapping")
     flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig) if f.init}
     given = {**base, **{k: list(v) if isinstance(v, tuple) else v for k, v in flags.items() if v is not None}}
-    options = {name: getattr(args, name, None) for name in model_options()}
+    options = {name: getattr(args, name, None) for name in model_flags(args)}
     model_given = {**model_base, **{k: v for k, v in options.items() if v is not None and k not in DATA_FIELDS}}
     return resumed_configs(run_dir, given, model_given, style="flag")
 
@@ -180,8 +183,14 @@ def _single_folder(dataset: str) -> bool:
     return path.is_dir() and folder.detect(path) and folder.split_dirs(path)[1] is None
 
 
-def _reject(what: str, model: str) -> None:
-    raise ConfigError(f"{what} is not an option of --model {model} (it takes: {', '.join(flags_of(model))})")
+def model_flags(args: argparse.Namespace) -> list[str]:
+    """The names of the model flags the parser has: the models' of capsnet.configs, and a plugin model's."""
+    return list(dict.fromkeys([*model_options(), *getattr(args, "plugin_options", [])]))
+
+
+def _reject(what: str, model: str, config_class: type) -> None:
+    plugin = None if model in MODEL_CONFIGS else config_class
+    raise ConfigError(f"{what} is not an option of --model {model} (it takes: {', '.join(flags_of(model, plugin))})")
 
 
 def run_folder(args: argparse.Namespace) -> Path:

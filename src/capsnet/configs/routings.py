@@ -106,8 +106,8 @@ ROUTINGS: dict[str, RoutingRecord] = {r.name: r for r in [
         models=("em-capsnet",),
     ),
     RoutingRecord(
-        name="3d", layer=None, method="3D dynamic routing (DeepCaps)", classes=("ConvCaps3D",),
-        paper="Rajasegaran et al., CVPR 2019",
+        name="3d", layer=None, method="3D dynamic routing", classes=("ConvCaps3D",),
+        paper="Rajasegaran et al., CVPR 2019 (DeepCaps)",
         equations="V_i = W ∗ u_i (one 3D convolution shared by the input types); k_i = softmax_3D(b_i) over "
                   "(types, H, W); S = Σ_i k_i V_i + β; v = squash_3D(S); b_i += V_i · v; r iterations",
         iterations=3, models=("deepcaps",),

@@ -36,8 +36,10 @@ class Registry(MutableMapping[str, _Model]):
         self._own_configs: set[str] = set()  # names whose config this registry added to MODEL_CONFIGS
         self._plugins: dict[str, str] = {}  # name of a plugin's model -> its distribution ("name version")
 
-    def register(self, name: str, cls: _Model, *, aliases: Iterable[str] = ()) -> _Model:
-        """Add `cls` under `name` (and `aliases`, plus its `model_type` if that differs); returns `cls`."""
+    def register(self, name: str, cls: _Model, *, aliases: Iterable[str] = (), flags: bool = True) -> _Model:
+        """Add `cls` under `name` (and `aliases`, plus its `model_type` if that differs); returns `cls`. With `flags`,
+        a model of one's own adds its config to MODEL_CONFIGS, whose fields are `capsnet train`'s model flags (a
+        plugin's model does not: `capsnet train --model NAME` adds its flags alone)."""
         model_type = getattr(cls, "model_type", name)
         extra = [a for a in (*aliases, model_type) if a != name]
         for key in (name, *extra):
@@ -47,7 +49,7 @@ class Registry(MutableMapping[str, _Model]):
         self._models[name] = cls
         self._aliases.update(dict.fromkeys(extra, name))
         config_class = getattr(cls, "config_class", None)
-        if name not in MODEL_CONFIGS and config_class is not None and config_name(config_class) is None:
+        if flags and name not in MODEL_CONFIGS and config_class is not None and config_name(config_class) is None:
             MODEL_CONFIGS[name] = config_class  # a model of one's own: `capsnet train` takes its config's flags
             self._own_configs.add(name)
         # the built-in models in capsnet.configs' order (whichever module imports first), then the others
@@ -73,7 +75,7 @@ class Registry(MutableMapping[str, _Model]):
             raise PluginError(f"{plugin.describe()} names a {type(cls).__name__}, not a model class with a "
                               "config_class (what register_model takes)")  # fmt: skip
         try:
-            self.register(plugin.name, cls)
+            self.register(plugin.name, cls, flags=False)
         except ValueError as e:
             raise PluginError(f"{plugin.describe()}: {e}") from None
         self._plugins[plugin.name] = plugin.distribution or "a plugin"
