@@ -15,7 +15,7 @@ import pytest
 import torch
 from helpers import small_config, write_plugin
 
-from capsnet import CapsNet, create_model, load_pretrained
+from capsnet import CapsNet, create_model, list_models, load_pretrained
 from capsnet.cli import build_parser, main
 from capsnet.configs.capsnet import CapsNetConfig
 from capsnet.configs.routings import (
@@ -190,6 +190,10 @@ def test_a_plugins_model_registers_on_first_lookup(toy_plugin):
     assert type(model).__name__ == "TinyNet" and model.config.hidden == 8
     assert MODELS.plugin("tiny-net") == "capsnet-toy-test 0.1"
     assert model(torch.rand(3, 1, 28, 28)).predictions.shape == (3,)
+
+
+def test_list_models_lists_the_installed_plugins_models(toy_plugin):
+    assert "tiny-net" in list_models() and "tiny-net" in list_models("tiny*")
 
 
 def test_a_plugin_that_fails_to_import_is_one_line_naming_it(toy_plugin, tmp_path, capsys):

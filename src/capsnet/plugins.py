@@ -15,10 +15,12 @@ Torch-free: reading the names imports nothing; loading a plugin imports what the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from importlib import metadata
 
 ROUTING_GROUP = "capsnet.routings"
 MODEL_GROUP = "capsnet.models"
@@ -50,12 +52,16 @@ class Plugin:
 
 
 def _entry_point(plugin: Plugin) -> metadata.EntryPoint:
+    from importlib import metadata  # (imported when a plugin is looked up: it is not light)
+
     return metadata.EntryPoint(name=plugin.name, value=plugin.value, group=plugin.group)
 
 
 def plugins(group: str) -> dict[str, Plugin]:
     """The installed plugins of `group` by name (metadata only: nothing is imported). A name that two
     distributions declare with different values is a PluginError naming both."""
+    from importlib import metadata  # (imported when a plugin is looked up: it is not light)
+
     found: dict[str, Plugin] = {}
     for ep in metadata.entry_points(group=group):
         dist = getattr(ep, "dist", None)
