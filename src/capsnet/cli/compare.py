@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--infer-batch must be >= 1, got {args.infer_batch}")
     settings = train_settings({name: getattr(args, name) for name in SHARED})
     found = entries(args.routings, args.models, dict(args.option))
+    Path(args.out).mkdir(parents=True, exist_ok=True)  # (a path that cannot be a folder: one line, nothing trained)
     command = shlex.join(["capsnet", *sys.argv[1:]]) if sys.argv[1:2] == ["compare"] else "capsnet compare"
     print(f"capsnet compare: {len(found)} entries x {len(args.seed)} seeds: {', '.join(e.label for e in found)}",
           flush=True)  # fmt: skip

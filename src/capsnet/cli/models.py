@@ -19,7 +19,8 @@ from ..errors import ConfigError
 def register(subparsers) -> None:
     p = subparsers.add_parser("models")
     p.add_argument("--json", action="store_true", help="print one JSON object per model (with --routings: routing)")
-    p.add_argument("--routings", action="store_true", help="list only the routings (`capsnet train --routing NAME`)")
+    p.add_argument("--routings", action="store_true", dest="only_routings",
+                   help="list only the routings (`capsnet train --routing NAME`)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -86,15 +87,15 @@ def routing_rows(failed: list[str] | None = None) -> list[dict]:
 
 def run(args: argparse.Namespace) -> int:
     failed: list[str] = []
-    rows = [] if args.routings else model_rows(failed)
+    rows = [] if args.only_routings else model_rows(failed)
     routings = routing_rows(failed)
     for line in failed:
         print(f"capsnet models: warning: {line}", file=sys.stderr)
     if args.json:
-        for row in routings if args.routings else rows:
+        for row in routings if args.only_routings else rows:
             print(json.dumps(row))
         return 0
-    if args.routings:
+    if args.only_routings:
         print_routings(routings)
         return 0
     width, paper = max(len(r["model"]) for r in rows), max(len(r["paper"]) for r in rows)

@@ -22,11 +22,13 @@ from typing import Any
 
 from ..config import from_dict
 from ..configs.routings import fully_connected, routing_record
+from ..data.datasets import dataset_format
 from ..errors import ConfigError
 from ..fileio import atomic_write_bytes
 from ..models.registry import MODELS
 from ..results import Row, accuracy_stats, with_accuracies, write_rows
 from ..training.config import TrainConfig
+from ..training.hardware import resolve_device
 from .measure import RESULT_PREFIX
 
 RESULTS_NAME, TABLE_NAME = "results.csv", "compare.md"
@@ -94,9 +96,12 @@ def _flag_value(value: Any) -> str:
 
 
 def train_settings(shared: dict[str, Any]) -> dict[str, Any]:
-    """The TrainConfig fields of `shared` that were given (not None), checked as TrainConfig checks them."""
+    """The TrainConfig fields of `shared` that were given (not None), checked before anything trains: as TrainConfig
+    checks them, the device there, the data set found (nothing is loaded or downloaded)."""
     given = {k: v for k, v in shared.items() if v is not None}
-    from_dict(TrainConfig, given, what="capsnet compare")  # ConfigError for a bad value, before anything trains
+    config = from_dict(TrainConfig, given, what="capsnet compare")
+    resolve_device(config.device)
+    dataset_format(config.dataset, data_dir=config.data_dir)
     return given
 
 
