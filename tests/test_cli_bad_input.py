@@ -39,6 +39,7 @@ NO_BAD_VALUE = {
     "help": "prints the help",
     "seed": "any integer is a seed",
     "val_seed": "any integer is a seed",
+    "message": "any text is a commit message",
 }
 # Counts for which 0 is a valid value (only the negative ones are bad).
 ZERO_OK = {"shift"}
@@ -65,6 +66,8 @@ KINDS = {
     "image_size": "size",
     "pretrained": "pretrained",
     "weights": "file",
+    "repo": "hub repo",
+    "revision": "hub revision",
 }
 # Safe values for the rest of each command line: quick, on the CPU, inside the test's folder (by dest).
 SAFE = {
@@ -80,6 +83,7 @@ SAFE = {
     "quick": ["--quick"],
     "figures": ["--no-figures"],
     "routings": ["dynamic"],
+    "repo": ["org/name"],
 }
 
 
@@ -129,8 +133,11 @@ BAD_VALUES = {
     "choice": ["no-such-choice"],
     "device": ["quantum", "cuda:99" if torch.cuda.is_available() else "cuda"],
     "name": ["no-such-name"],
-    "pretrained": ["no-such-model:tag", "capsnet:no-such-tag", "capsnet", "http://127.0.0.1:9/no-sha256"],
+    "pretrained": ["no-such-model:tag", "capsnet:no-such-tag", "capsnet", "http://127.0.0.1:9/no-sha256",
+                   "hf-hub:org/../x", "hf-hub:org/x@../../y"],
     "augment": ["warp=3"],
+    "hub repo": ["no-org", "org/../x", "org/a--b"],
+    "hub revision": ["../../refs", "main/../x"],
     "size": ["0", "big"],
     "folder": ["missing", "a file", "unreadable"],
     "data": ["missing", "a file", "unreadable", "not a data set"],
@@ -319,6 +326,9 @@ def no_training(monkeypatch):
 
     monkeypatch.setattr(loop, "train_epoch", refuse)
     monkeypatch.setattr(compare, "run_entry", refuse)  # capsnet compare trains each entry in a process of its own
+    from capsnet.models import hf_hub  # capsnet push: stopped before it reaches the Hub
+
+    monkeypatch.setattr(hf_hub, "push_folder", refuse)
     if importlib.util.find_spec("gradio") is not None:  # capsnet explore: stopped before it serves
         from capsnet.viz import explore
 

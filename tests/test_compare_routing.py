@@ -16,7 +16,7 @@ from capsnet import CapsNet, load_pretrained
 from capsnet.cli import main
 from capsnet.configs.routings import fully_connected
 from capsnet.data import Split, load_dataset
-from capsnet.data.augment import random_affine
+from capsnet.data.augment import affine_test_images
 from capsnet.data.scaling import channel_stats
 from capsnet.experiments import measure
 from capsnet.experiments.compare import entries
@@ -118,11 +118,12 @@ def test_routing_spread_is_zero_for_uniform_weights_and_grows_as_they_move():
 
 
 def test_the_affine_test_images_are_seeded_moved_and_keep_labels_and_statistics():
-    split = _digits()
+    digits = _digits()
+    split = Split(digits.images, digits.labels, channel_stats(digits))
     moved, again = measure.affine_split(split), measure.affine_split(split)
     assert moved.images.dtype == torch.uint8 and torch.equal(moved.images, again.images)
     assert (moved.images != split.images).float().mean() > 0.05 and torch.equal(moved.labels, split.labels)
-    assert moved.channel_stats == channel_stats(split)
+    assert moved.channel_stats == split.channel_stats
 
 
 def test_inference_speed_counts_images_per_second():
@@ -155,10 +156,8 @@ def test_a_tiny_compare_writes_rows_that_agree_with_its_runs(tmp_path, capsys):
         assert row.train_images + row.val_images == 48 and row.val_images > 0
         model = load_pretrained(folder / "best")
         assert row.params == sum(p.numel() for p in model.parameters() if p.requires_grad)
-        # the affine accuracy, again: the same transform, the model's recipe, its predictions
-        generator = torch.Generator().manual_seed(measure.AFFINE_SEED)
-        moved = random_affine(test.images.float() / 255, generator=generator, **measure.AFFINE)
-        x = model_input(model, (moved * 255).round().clamp(0, 255).to(torch.uint8))
+        # the affine accuracy, again: the results data's transform, the model's recipe, its predictions
+        x = model_input(model, affine_test_images(test.images))
         with torch.no_grad():
             correct = (model(x).predictions == test.labels).float().mean().item()
         assert row.affine_acc_mean == pytest.approx(100 * correct, abs=1e-3)

@@ -155,3 +155,25 @@ def test_file_lock_admits_one_holder_at_a_time_and_cleans_up(tmp_path):
     for t in threads:
         t.join()
     assert most[0] == 1 and not lock.exists()
+
+
+def test_a_transfer_slower_than_the_speed_limit_ends_in_one_line(server, tmp_path):
+    """curl's --speed-limit / --speed-time: a body that arrives at 5 bytes/s (a byte every TRICKLE_S, each read in
+    time) ends once it has run below `speed_limit` bytes/s for `speed_time` seconds, not at the deadline."""
+    url = server.serve("t.bin", BODY, "trickle")
+    started = time.monotonic()
+    with pytest.raises(DownloadError, match=r"slower than 1,000 bytes/s for 0.6 s") as e:
+        fetch.fetch_url(url, tmp_path / "t.bin", retries=1, timeout=5.0, speed_limit=1000, speed_time=0.6)
+    assert time.monotonic() - started < 3.0 and "\n" not in str(e.value) and _leftovers(tmp_path) == []
+    quick = server.serve("q.bin", BODY)  # a fast body is not held to anything by the limit
+    assert fetch.fetch_url(quick, tmp_path / "q.bin", speed_limit=1000, speed_time=0.01).read_bytes() == BODY
+
+
+def test_every_download_has_the_low_speed_limit_of_capsnet_limits():
+    import inspect
+
+    from capsnet import limits
+
+    defaults = {k: p.default for k, p in inspect.signature(fetch.fetch_url).parameters.items()}
+    assert defaults["speed_limit"] == limits.DOWNLOAD_LOW_SPEED_BYTES_S > 0
+    assert defaults["speed_time"] == limits.DOWNLOAD_LOW_SPEED_S > 0

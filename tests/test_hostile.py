@@ -152,6 +152,21 @@ def _cases(good_dir: Path, out: Path) -> list[tuple[str, list[str]]]:
         (out / f"p-{kind}.pt").write_bytes(body)
         argv = ["convert", "xifengguo-capsnet", str(out / f"p-{kind}.pt"), "--out", str(out / "converted")]
         cases.append((f"state.pt {kind}", argv))
+    # hf-hub: references refused before any request (the ones a Hub must answer: tests/test_hf_hub.py)
+    for kind, ref in (("name", "hf-hub:org/a--b"), ("no org", "hf-hub:repo"), ("traversal", "hf-hub:../../etc"),
+                      ("revision traversal", "hf-hub:org/repo@../../../refs/x"),
+                      ("revision newline", "hf-hub:org/repo@main\nx")):  # fmt: skip
+        cases.append((f"hf-hub {kind}", ["predict", "--pretrained", ref, image]))
+    lightning_ckpt = out / "epoch=0-step=6.ckpt"
+    torch.save(_lightning_checkpoint(state), lightning_ckpt)
+    (out / "lightning-run").mkdir()
+    torch.save(_lightning_checkpoint(state), out / "lightning-run" / "last.ckpt")
+    for kind, path in (("file", lightning_ckpt), ("folder", out / "lightning-run")):
+        cases.append((f"lightning ckpt {kind} predict", ["predict", "--checkpoint", str(path), image]))
+        cases.append((f"lightning ckpt {kind} export", ["export", "--checkpoint", str(path), "--out",
+                                                        str(out / "x.pt2")]))  # fmt: skip
+    cases.append(("lightning ckpt convert", ["convert", "xifengguo-capsnet", str(lightning_ckpt), "--out",
+                                             str(out / "converted")]))  # fmt: skip
     os.symlink(out / "nowhere", out / "dangling")
     os.symlink(out / "loop", out / "loop")
     for kind in ("dangling", "loop"):
@@ -159,6 +174,14 @@ def _cases(good_dir: Path, out: Path) -> list[tuple[str, list[str]]]:
         cases.append((f"symlink {kind} image", ["predict", "--checkpoint", str(model), str(out / kind)]))
         cases.append((f"symlink {kind} yaml", ["train", "--config", str(out / kind), "--out", str(out / "run")]))
     return cases
+
+
+def _lightning_checkpoint(state: dict) -> dict:
+    """What a Lightning Trainer saves of a capsnet.lightning.CapsuleModule (its keys, without Lightning)."""
+    return {"epoch": 0, "global_step": 6, "pytorch-lightning_version": "2.6.6",
+            "state_dict": {f"model.{k}": v for k, v in state.items()}, "loops": {}, "callbacks": {},
+            "optimizer_states": [], "lr_schedulers": [], "hparams_name": "kwargs",
+            "hyper_parameters": {"model_type": "capsnet", "config": {}, "lr": 1e-3}}  # fmt: skip
 
 
 def _yaml_bomb() -> bytes:
@@ -213,6 +236,10 @@ def test_every_hostile_file_is_one_line_exit_2_and_writes_nothing(cases, monkeyp
         ("yaml huge", "larger than the 1,048,576 bytes a config file may have"),
         ("yaml non-utf8", "not UTF-8 text"),
         ("state.pt text", "not a PyTorch checkpoint that loads with weights_only=True"),
+        ("hf-hub revision traversal", "'../../../refs/x' is not a revision"),
+        ("hf-hub no org", "'repo' is not a repository ORG/NAME"),
+        ("lightning ckpt file predict", "a Lightning checkpoint: load it with capsnet.lightning.CapsuleModule"),
+        ("lightning ckpt folder predict", "a Lightning checkpoint: load it with capsnet.lightning.CapsuleModule"),
     ],
 )
 def test_the_line_says_what_is_wrong(cases, case, words, capsys, monkeypatch, tmp_path):
@@ -354,3 +381,119 @@ def test_a_mat_file_declaring_a_huge_array_is_refused_before_it_is_read(tmp_path
     assert main(["train", "--dataset", str(folder), "--out", str(out), "--epochs", "1", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "MAX_ARRAY_ELEMENTS" in err[0] and not out.exists(), err
+
+
+def test_a_lightning_checkpoint_as_the_state_to_resume_is_one_line(tmp_path, capsys):
+    from helpers import write_rgb
+
+    data, out = write_rgb(tmp_path, n_train=16), tmp_path / "run"
+    assert _tiny_run(out, data, "--epochs", "1") == 0
+    state = torch.load(out / "state.pt", weights_only=True)
+    torch.save(_lightning_checkpoint(state["model"]), out / "state.pt")
+    before = _files(out)
+    capsys.readouterr()
+    assert _tiny_run(out, data, "--epochs", "2", "--resume") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "state.pt: not a capsnet training state" in err[0], err
+    assert _files(out) == before
+
+
+@pytest.mark.parametrize("bad", ["http://[::1/mnist/", "https://[fe80::1%25eth0/x", "http://[zz]/"])
+def test_capsnet_mirrors_holding_a_malformed_ipv6_url_is_one_line(monkeypatch, tmp_path, capsys, bad):
+    from capsnet.data.download import mirror_list
+    from capsnet.errors import ConfigError
+
+    monkeypatch.setenv("CAPSNET_MIRRORS", bad)
+    with pytest.raises(ConfigError, match=r"CAPSNET_MIRRORS: .* is not an http\(s\):// URL"):
+        mirror_list("mnist")
+    monkeypatch.setenv("CAPSNET_DATA", str(tmp_path / "cache"))
+    assert main(["data", "info", "mnist"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "CAPSNET_MIRRORS" in err[0] and not (tmp_path / "cache").exists(), err
+
+
+def test_a_pretrained_url_with_a_malformed_ipv6_host_is_one_line(tmp_path, capsys, good):
+    url = "https://[::1/models/small#sha256=" + "0" * 64
+    assert main(["predict", "--pretrained", url, str(good["digit"])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a valid URL" in err[0], err
+
+
+def _tiny_run(out: Path, data: Path, *extra: str) -> int:
+    from helpers import QUIET_FLAGS, TINY_RUN_FLAGS
+
+    return main(["train", "--dataset", str(data), "--out", str(out), "--batch-size", "8", *TINY_RUN_FLAGS,
+                 *QUIET_FLAGS, *extra])  # fmt: skip
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_state_without_an_optimizer_given_to_resume_is_one_line(tmp_path, capsys):
+    from helpers import write_rgb
+
+    data, out = write_rgb(tmp_path, n_train=16), tmp_path / "run"
+    assert _tiny_run(out, data, "--epochs", "1") == 0
+    state = torch.load(out / "state.pt", weights_only=True)
+    del state["optimizer"]
+    torch.save(state, out / "state.pt")
+    before = _files(out)
+    capsys.readouterr()
+    assert _tiny_run(out, data, "--epochs", "2", "--resume") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "state.pt" in err[0] and "optimizer" in err[0] and "Traceback" not in err[0], err
+    assert _files(out) == before
+
+
+def test_a_full_disk_while_train_writes_its_checkpoint_is_one_line_and_keeps_the_set(tmp_path, capsys, monkeypatch):
+    """The disk fills while torch.save streams state.pt (the checkpoint's commit point) into its temporary file: one
+    line naming state.pt, and the checkpoint set of the epoch before (state.pt, last/, best/, summary.csv) whole."""
+    from helpers import write_rgb
+
+    from capsnet import fileio
+
+    data, out = write_rgb(tmp_path, n_train=16), tmp_path / "run"
+    assert _tiny_run(out, data, "--epochs", "1") == 0
+    before = _files(out)
+    real_fdopen = fileio.os.fdopen
+
+    class FullDisk:
+        """state.pt's temporary file on a disk with ROOM bytes left: the writes past them raise ENOSPC, as the
+        system's write(2) gives it (no file name). torch.save has then written part of the archive."""
+
+        ROOM = 1000
+
+        def __init__(self, f):
+            self._f, self._left = f, self.ROOM
+
+        def write(self, data):
+            if len(data) > self._left:
+                raise OSError(28, "No space left on device")
+            self._left -= len(data)
+            return self._f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self._f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self._f.__exit__(*exc)
+
+    def fdopen(fd, *args, **kwargs):
+        f = real_fdopen(fd, *args, **kwargs)
+        return FullDisk(f) if os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1].startswith(".state.pt.") else f
+
+    monkeypatch.setattr(fileio.os, "fdopen", fdopen)
+    capsys.readouterr()
+    assert _tiny_run(out, data, "--epochs", "2", "--resume") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"capsnet train: error: {out / 'state.pt'}: No space left on device"], err
+    monkeypatch.undo()
+    after = _files(out)
+    checkpoint = {k for k in before if k.startswith(("state.pt", "last/", "best/", "summary.csv"))}
+    assert len(checkpoint) == 6 and {k: after[k] for k in checkpoint} == {k: before[k] for k in checkpoint}
+    assert set(after) == set(before)  # no temporary file left (the run's config.json records --epochs 2)
+    assert torch.load(out / "state.pt", weights_only=True)["epoch"] == 1

@@ -2,7 +2,7 @@
 
 Layers, bottom up: the foundation modules (errors, fileio, config, fetch, _lazy, plugins); configs (the model configs,
 torch-free: foundation only); nn; routing (nn); models (nn, routing); data (foundation only); training (models,
-data, nn, routing); experiments and viz (training and below; not each other); cli (anything). On top, the
+data, nn, routing); experiments, viz and lightning (training and below; not each other); cli (anything). On top, the
 package's `__init__` (the public API) and `__main__`: nothing imports them.
 """
 
@@ -25,6 +25,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "training": BELOW_TRAINING,
     "experiments": BELOW_TRAINING | {"experiments"},
     "viz": BELOW_TRAINING | {"viz"},
+    "lightning": BELOW_TRAINING,
     "cli": BELOW_TRAINING | {"experiments", "viz", "cli"},
     "api": BELOW_TRAINING | {"experiments", "viz", "cli", "api"},
 }

@@ -145,3 +145,21 @@ def test_the_command_line_takes_a_url_for_pretrained(published, tmp_path, capsys
     assert main(["predict", "--pretrained", f"{server.url}other#sha256={'0' * 64}", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "HTTP 404" in err[0] and "other/config.json" in err[0]
+
+
+def test_a_folder_served_wrong_once_is_fetched_again_and_loads(published, tmp_path):
+    """A transient fault of the right length (wrong bytes once, then the true ones) is not a broken pin: the folder
+    is fetched once more, from scratch, and loads."""
+    server, files, model = published
+    assert _same(create_model("capsnet", pretrained=_url(server, files, "wrong", "ok")), model)
+    assert server.counts["/models/small/model.safetensors"] == 2 and server.counts["/models/small/config.json"] == 2
+    assert sorted(p.name for p in (tmp_path / "cache" / "pretrained").iterdir()) == [_pin(files)]
+
+
+def test_a_pin_that_fails_on_every_fetch_is_broken_after_two_and_keeps_nothing(published, tmp_path):
+    server, files, _ = published
+    url = _url(server, files, "wrong")
+    with pytest.raises(DownloadError, match=r"not the URL's .*\(fetched 2 times\); nothing was kept"):
+        create_model("capsnet", pretrained=url)
+    assert server.counts["/models/small/model.safetensors"] == 2
+    assert not any((tmp_path / "cache").rglob("*.*"))

@@ -10,7 +10,9 @@
   response cut off, a timeout, HTTP 5xx, 408 or 429, wrong bytes) is repeated, up to `retries` tries in all, the
   wait doubling from `backoff` seconds. HTTP 4xx, an unknown host and a malformed URL fail at once.
 - `timeout` bounds each connect and each read; `deadline` (seconds) the whole call, every try included: a server
-  that trickles a byte at a time ends with a DownloadError when it passes. `max_bytes` bounds the body: a
+  that trickles a byte at a time ends with a DownloadError when it passes. Sooner, curl's low-speed limit: a try
+  whose body arrives slower than `speed_limit` bytes/s for `speed_time` seconds running ends there (and is tried
+  again, as curl --retry does). `max_bytes` bounds the body: a
   Content-Length above it is refused before reading, and the bytes are counted as they arrive (a body that never
   ends stops at the limit). Neither is retried. Defaults: capsnet.limits.
 - Several processes that fetch the same `dest` at once (torchrun ranks on one machine, parallel jobs sharing a
@@ -32,6 +34,7 @@ import os
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +42,7 @@ from pathlib import Path
 from ._version import __version__
 from .errors import DownloadError
 from .fileio import atomic_open
-from .limits import DOWNLOAD_DEADLINE_S, MAX_DOWNLOAD_BYTES
+from .limits import DOWNLOAD_DEADLINE_S, DOWNLOAD_LOW_SPEED_BYTES_S, DOWNLOAD_LOW_SPEED_S, MAX_DOWNLOAD_BYTES
 
 RETRIES = 3  # tries per URL
 BACKOFF_S = 1.0  # wait after the first failed try; doubled after each further one
@@ -66,6 +69,8 @@ def fetch_url(
     backoff: float = BACKOFF_S,
     max_bytes: int = MAX_DOWNLOAD_BYTES,
     deadline: float = DOWNLOAD_DEADLINE_S,
+    speed_limit: float = DOWNLOAD_LOW_SPEED_BYTES_S,
+    speed_time: float = DOWNLOAD_LOW_SPEED_S,
 ) -> Path:
     """Download `url` into `dest` (see the module docstring) and return `dest`. A `dest` already there with the
     given checksums (or any `dest`, when none is given) is kept and not fetched again."""
@@ -82,7 +87,8 @@ def fetch_url(
         ends = time.monotonic() + deadline
         for attempt in range(retries):
             try:
-                _fetch_once(url, dest, md5=md5, sha256=sha256, timeout=timeout, max_bytes=max_bytes, ends=ends)
+                _fetch_once(url, dest, md5=md5, sha256=sha256, timeout=timeout, max_bytes=max_bytes, ends=ends,
+                            low_speed=_LowSpeed(speed_limit, speed_time))  # fmt: skip
                 return dest
             except _GiveUp as e:
                 raise DownloadError(f"{url}: {e}", url=url, permanent=True) from None
@@ -99,11 +105,39 @@ def fetch_url(
         raise DownloadError(f"{url}: {why} ({tried})", url=url, permanent=False)
 
 
+class _LowSpeed:
+    """curl's --speed-limit / --speed-time: `check` raises _Retry once the bytes received have come slower than
+    `limit` bytes/s over a stretch of `seconds` (each stretch starts where the last one that kept up ended)."""
+
+    def __init__(self, limit: float, seconds: float) -> None:
+        self.limit, self.seconds = limit, seconds
+        self.start, self.received = time.monotonic(), 0
+
+    def check(self, n: int) -> None:
+        self.received += n
+        elapsed = time.monotonic() - self.start
+        if elapsed < self.seconds:
+            return
+        if self.received < self.limit * elapsed:
+            raise _Retry(f"slower than {self.limit:,g} bytes/s for {self.seconds:g} s ({self.received:,} bytes in "
+                         f"{elapsed:.1f} s: DOWNLOAD_LOW_SPEED_BYTES_S, DOWNLOAD_LOW_SPEED_S)")  # fmt: skip
+        self.start, self.received = time.monotonic(), 0
+
+
 def _fetch_once(
-    url: str, dest: Path, *, md5: str | None, sha256: str | None, timeout: float, max_bytes: int, ends: float
+    url: str,
+    dest: Path,
+    *,
+    md5: str | None,
+    sha256: str | None,
+    timeout: float,
+    max_bytes: int,
+    ends: float,
+    low_speed: _LowSpeed,
 ) -> None:
     """One try: the body streamed into a temporary file that replaces `dest` only when it is complete and checked.
-    Past `ends` (a time.monotonic() value) or `max_bytes`, it gives up (_GiveUp)."""
+    Past `ends` (a time.monotonic() value) or `max_bytes`, it gives up (_GiveUp); below the low-speed limit, the try
+    ends (_Retry)."""
     headers = {"User-Agent": f"capsnet/{__version__}", "Accept-Encoding": "identity"}
     request = urllib.request.Request(url, headers=headers)
     digests = [h for h, want in ((hashlib.md5(), md5), (hashlib.sha256(), sha256)) if want]
@@ -122,6 +156,7 @@ def _fetch_once(
                 chunk = response.read1(CHUNK)  # (what has arrived: a trickle cannot hold one call for long)
             if not chunk:
                 break
+            low_speed.check(len(chunk))
             received += len(chunk)
             if received > max_bytes:
                 raise _GiveUp(f"the body goes on past the limit of {max_bytes:,} bytes")
@@ -135,6 +170,19 @@ def _fetch_once(
         for h, want in zip(digests, [w for w in (md5, sha256) if w]):
             if h.hexdigest() != want.lower():
                 raise _Retry(f"{h.name.upper()} {h.hexdigest()} != expected {want}")
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` is not an http(s) URL that can be asked (no scheme or host, a malformed IPv6 host or port), in
+    words; None when it is one."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # (a port that is not a number raises here)
+    except ValueError as e:  # "Invalid IPv6 URL", "Port could not be cast to integer value", ...
+        return str(e)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "no http(s) scheme or no host"
+    return None
 
 
 def _left(ends: float, timeout: float, url: str) -> float:
@@ -246,4 +294,14 @@ def file_lock(path: str | os.PathLike) -> Iterator[None]:
         os.close(fd)
 
 
-__all__ = ["BACKOFF_S", "RETRIES", "TIMEOUT_S", "DownloadError", "cache_root", "fetch_url", "file_digest", "file_lock"]
+__all__ = [
+    "BACKOFF_S",
+    "RETRIES",
+    "TIMEOUT_S",
+    "DownloadError",
+    "cache_root",
+    "fetch_url",
+    "file_digest",
+    "file_lock",
+    "url_problem",
+]

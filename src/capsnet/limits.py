@@ -36,6 +36,14 @@ MAX_DOWNLOAD_BYTES = 4 << 30  # 4 GiB
 MAX_CONFIG_DOWNLOAD_BYTES = CONFIG_FILE_BYTES
 DOWNLOAD_DEADLINE_S = 3600.0  # a whole data set on a slow link
 CONFIG_DOWNLOAD_DEADLINE_S = 120.0  # a few KB
+# The low-speed limit of every download (curl's --speed-limit / --speed-time): a body that arrives slower than
+# DOWNLOAD_LOW_SPEED_BYTES_S bytes a second for DOWNLOAD_LOW_SPEED_S seconds makes no real progress, and the try
+# ends then rather than at the deadline. 1 KB/s is a thousandth of a slow broadband link.
+DOWNLOAD_LOW_SPEED_BYTES_S = 1024
+DOWNLOAD_LOW_SPEED_S = 30.0
+# Files of a Hugging Face Hub repository listed before its model is downloaded (`hf-hub:` references): a capsnet
+# repository holds three; a listing that goes on past this many entries is refused.
+MAX_HUB_FILES = 10_000
 
 
 def array_too_large(elements: int, itemsize: int, file_bytes: int) -> str | None:
@@ -54,12 +62,15 @@ __all__ = [
     "CONFIG_DOWNLOAD_DEADLINE_S",
     "CONFIG_FILE_BYTES",
     "DOWNLOAD_DEADLINE_S",
+    "DOWNLOAD_LOW_SPEED_BYTES_S",
+    "DOWNLOAD_LOW_SPEED_S",
     "MAX_ARRAY_ELEMENTS",
     "MAX_CLASSES",
     "MAX_CONFIG_DOWNLOAD_BYTES",
     "MAX_CONFIG_INT",
     "MAX_DOWNLOAD_BYTES",
     "MAX_EXPANSION",
+    "MAX_HUB_FILES",
     "MAX_IMAGE_PIXELS",
     "MAX_IMAGE_SIDE",
     "MAX_PARAMETERS",

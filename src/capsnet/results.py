@@ -18,6 +18,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 from .errors import CapsNetError
 from .fileio import atomic_write_bytes
@@ -71,7 +72,7 @@ def accuracy_stats(accuracies: Sequence[float]) -> tuple[float, float]:
     return mean, statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
 
 
-def _parse(name: str, text: str) -> object:
+def _parse(name: str, text: str) -> Any:
     kind = str(_TYPES[name])
     if text == "" and "None" in kind:
         return None

@@ -38,6 +38,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("convert", "capsnet.cli.convert"),
     ("explore", "capsnet.cli.explore"),
     ("compare", "capsnet.cli.compare"),
+    ("push", "capsnet.cli.push"),
 ]
 # Each subcommand's line in `capsnet --help`, here so that the list needs none of the modules.
 HELP: dict[str, str] = {
@@ -53,6 +54,7 @@ HELP: dict[str, str] = {
     "convert": "convert published weights into a save_pretrained folder",
     "explore": "a local web page: capsule lengths, poses, reconstructions, routing",
     "compare": "train routings and models (built-in or plugins) on the same data and budget; compare them",
+    "push": "publish a checkpoint on the Hugging Face Hub, with its model card",
 }
 
 

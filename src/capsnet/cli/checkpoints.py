@@ -1,6 +1,7 @@
 """The model a command works on: `--checkpoint PATH` (a run folder or a save_pretrained folder) or
-`--pretrained NAME:TAG` (weights shipped with capsnet; `capsnet models` lists them) or `--pretrained URL#sha256=HEX`
-(a published save_pretrained folder, downloaded into the cache: capsnet.models.hub)."""
+`--pretrained NAME:TAG` (weights shipped with capsnet; `capsnet models` lists them), `--pretrained URL#sha256=HEX`
+(a published save_pretrained folder, downloaded into the cache: capsnet.models.hub) or `--pretrained
+hf-hub:ORG/REPO[@REVISION]` (a Hugging Face Hub repository: capsnet.models.hf_hub)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from ..errors import ConfigError
 CHECKPOINT_HELP = "run folder (uses best/, else last/) or save_pretrained folder"
 PRETRAINED_HELP = (
     "weights shipped with capsnet, NAME:TAG (e.g. efficient-capsnet:mnist-sample; `capsnet models` lists "
-    "them), or a published save_pretrained folder, URL#sha256=HEX "
-    "(HEX: sha256sum config.json model.safetensors | sha256sum)"
+    "them), a published save_pretrained folder, URL#sha256=HEX "
+    "(HEX: sha256sum config.json model.safetensors | sha256sum), or a Hugging Face Hub repository, "
+    "hf-hub:ORG/REPO[@REVISION] (a commit hash pins the files)"
 )
 
 
@@ -32,9 +34,13 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, repeat: str | None =
 
 
 def pretrained_folder(ref: str) -> Path:
-    """The folder of the shipped weights NAME:TAG (ConfigError for an unknown model or tag), or of a URL's."""
+    """The folder of the shipped weights NAME:TAG (ConfigError for an unknown model or tag), of a URL's, or of an
+    hf-hub: reference's (in the Hub's cache)."""
+    from ..models.hf_hub import fetch_hf, is_hf_ref
     from ..models.hub import fetch_pretrained, is_url, resolve_ref
 
+    if is_hf_ref(ref):
+        return fetch_hf(ref)[0]
     if is_url(ref):
         return fetch_pretrained(ref)
     if ":" not in ref:

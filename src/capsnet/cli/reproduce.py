@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,9 @@ def register(subparsers) -> None:
     p.add_argument(
         "experiment",
         help="mnist (Table 1), multimnist (§6), affnist (§5.2), or cifar10, smallnorb, "
-        "svhn (§7; --quick on generated stand-ins in the real file formats), or fashion-mnist (every model's recipe "
-        "over --seeds seeds, the test accuracy of the validation-chosen checkpoint)",
+        "svhn (§7; --quick on generated stand-ins in the real file formats), fashion-mnist (every model's recipe "
+        "over --seeds seeds, the test accuracy of the validation-chosen checkpoint), or zoo (every registered model "
+        "at its defaults on --benchmark, its row written to --results)",
     )
     p.add_argument("--quick", action="store_true", help=_quick_help())
     p.add_argument("--out", default="runs/reproduce", help="output folder (runs and results.json)")
@@ -47,10 +49,19 @@ def register(subparsers) -> None:
         help=f"a model to run (repeat, or a comma list; default all: {', '.join(fashion_mnist.RECIPES)})",
     )
     fm.add_argument("--seeds", type=int, default=None, help="seeds per model: --seed, --seed + 1, ... (default: 3)")
-    p.set_defaults(func=run)  # fmt: skip
+    zoo = p.add_argument_group("zoo (and --model, --seeds, --seed, --out, --device, --dataset as the data's folder)")
+    zoo.add_argument("--benchmark", default=None, help="sample (the bundled digits) or fashion-mnist (default sample)")
+    zoo.add_argument(
+        "--precision",
+        default=None,
+        help="auto (bf16 where the CPU or GPU has it natively), fp32 or bf16 (default auto)",
+    )
+    zoo.add_argument("--results", default=None, help="the results data folder the rows go to (default results)")
+    p.set_defaults(func=run)
 
 
-FASHION_ONLY = ("model", "seeds")
+FASHION_ONLY = ("model", "seeds")  # options of fashion-mnist and zoo
+ZOO_ONLY = ("benchmark", "precision", "results")
 
 
 def _quick_help() -> str:
@@ -70,11 +81,16 @@ def run(args: argparse.Namespace) -> int:
     for name in ("seeds", "epochs", "batch_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    zoo_given = [f"--{name}" for name in ZOO_ONLY if getattr(args, name) is not None]
+    if args.experiment == "zoo":
+        return run_zoo(args)
+    if zoo_given:
+        raise ConfigError(f"{', '.join(zoo_given)}: options of `capsnet reproduce zoo` only")
     if args.experiment == fashion_mnist.EXPERIMENT:
         return run_fashion(args)
     given = [f"--{name}" for name in FASHION_ONLY if getattr(args, name) is not None]
     if given:
-        raise ConfigError(f"{', '.join(given)}: options of `capsnet reproduce fashion-mnist` only")
+        raise ConfigError(f"{', '.join(given)}: options of `capsnet reproduce fashion-mnist` and `zoo` only")
     if args.experiment in image_sets.EXPERIMENTS:
         return run_image_set(args)
     setting = _sized(setting_for(args.experiment, quick=args.quick, dataset=args.dataset), args)
@@ -153,4 +169,38 @@ def run_fashion(args: argparse.Namespace) -> int:
     print()
     print(fashion_mnist.format_markdown(report))
     print(f"results: {Path(args.out) / fashion_mnist.EXPERIMENT / 'results.json'} (and results.md)")
+    return 0
+
+
+def run_zoo(args: argparse.Namespace) -> int:
+    """Every chosen model at its defaults on one benchmark, over the seeds; its row goes to results/BENCHMARK.csv."""
+    from ..experiments import zoo
+    from ..models.registry import MODELS
+
+    for name in ("quick", "affnist", "epochs", "batch_size"):
+        if getattr(args, name) not in (None, False):
+            raise ConfigError(
+                f"--{name.replace('_', '-')}: not an option of `capsnet reproduce zoo` (its budgets are "
+                "stated per benchmark)"
+            )
+    if args.precision not in (None, "auto", "fp32", "bf16"):
+        raise ConfigError(f"--precision {args.precision!r}: choose auto, fp32 or bf16")
+    models = [m.strip() for arg in args.model for m in arg.split(",") if m.strip()] if args.model else list(MODELS)
+    plan = zoo.ZooPlan(
+        benchmark=args.benchmark or "sample",
+        models=models,
+        seeds=list(range(args.seed, args.seed + (args.seeds or 3))),
+        out=Path(args.out),
+        precision=args.precision or "auto",
+        device=args.device,
+        data_dir=args.dataset,
+        results=Path(args.results or "results"),
+        progress=sys.stdout.isatty(),
+    )
+    for row in zoo.run_zoo(plan):
+        print(
+            f"{row.model}: {row.test_acc_mean:.2f} ± {row.test_acc_std:.2f}% test ({row.test_acc}), affine "
+            f"{row.affine_acc_mean:.2f}%, {row.epochs} epochs, {row.precision}"
+        )
+    print(f"results: {plan.results / (plan.benchmark + '.csv')}")
     return 0

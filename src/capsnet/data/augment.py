@@ -140,4 +140,16 @@ def affine_warp(
     return out
 
 
-__all__ = ["affine_warp", "place_on_canvas", "random_affine", "random_shift"]
+# The affine test of the results data and `capsnet compare`: each test image under its own random rotation, scale,
+# shear and translation, drawn once from a generator seeded AFFINE_TEST_SEED, so every model sees the same images.
+AFFINE_TEST = {"degrees": 15.0, "scale": (0.9, 1.1), "shear": 10.0, "translate": 0.1}
+AFFINE_TEST_SEED = 0
+
+
+def affine_test_images(images: torch.Tensor) -> torch.Tensor:
+    """`images` (uint8 [N, C, H, W]) under AFFINE_TEST, the same draw on every call; uint8 in, uint8 out."""
+    generator = torch.Generator().manual_seed(AFFINE_TEST_SEED)
+    return random_affine(images, **AFFINE_TEST, generator=generator)  # type: ignore[arg-type]
+
+
+__all__ = ["AFFINE_TEST", "affine_test_images", "affine_warp", "place_on_canvas", "random_affine", "random_shift"]

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import os
 import tarfile
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, DatasetError, DownloadError
 from ..fetch import cache_root as cache_root  # (capsnet's cache folder: data sets and pretrained weights)
-from ..fetch import fetch_url, file_digest, file_lock
+from ..fetch import fetch_url, file_digest, file_lock, url_problem
 from ..fileio import atomic_open
 
 # The four files of an MNIST-format data set, in the order they are fetched and listed.
@@ -174,10 +173,10 @@ def mirror_list(name: str, mirrors: list[str] | None = None) -> list[str]:
         env = os.environ.get("CAPSNET_MIRRORS", "")
         mirrors = [m.strip() for m in env.split(",") if m.strip()]
         for mirror in mirrors:
-            parts = urllib.parse.urlsplit(mirror)
-            if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise ConfigError(f"CAPSNET_MIRRORS: {mirror!r} is not an http(s):// URL (give base URLs, "
-                                  "comma-separated)")  # fmt: skip
+            problem = url_problem(mirror)
+            if problem is not None:
+                raise ConfigError(f"CAPSNET_MIRRORS: {mirror!r} is not an http(s):// URL ({problem}); give base "
+                                  "URLs, comma-separated")  # fmt: skip
         mirrors = mirrors or list(DATASETS[name]["mirrors"])
     return [m if m.endswith("/") else m + "/" for m in mirrors]
 

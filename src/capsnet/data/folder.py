@@ -46,7 +46,7 @@ _GREY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
 CACHE_VERSION = 1
 
 
-def _pillow():
+def pillow():
     try:
         from PIL import Image
     except ImportError:
@@ -135,7 +135,7 @@ def _entries(root: Path, test_fraction: float, seed: int) -> tuple[list[str], li
 
 def _probe(path: Path) -> tuple[int, int, int] | None:
     """(height, width, channels) from the header, or None if the file is not an image Pillow can open."""
-    Image = _pillow()
+    Image = pillow()
     try:
         with Image.open(path) as im:
             return im.size[1], im.size[0], 1 if im.mode in _GREY_MODES else 3
@@ -156,7 +156,7 @@ def native_shape(root: str | os.PathLike, *, sample: int = 256) -> tuple[int, in
 
 def _decode(path: Path, size: tuple[int, int], channels: int) -> np.ndarray | None:
     """uint8 [C, H, W] of the image converted and resized, or None if it cannot be decoded."""
-    Image = _pillow()
+    Image = pillow()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # (check_pixels is the stricter guard)
@@ -294,7 +294,7 @@ def load_folder(
     size = parse_size(image_size)
     if channels not in (None, 1, 3):
         raise DatasetError(f"channels must be 1 (greyscale) or 3 (RGB), got {channels}")
-    _pillow()
+    pillow()
     names, entries, sizes = _entries(root, test_fraction, seed)
     files = [p for p, _ in entries]
     labels = np.array([k for _, k in entries], dtype=np.int64)

@@ -6,8 +6,8 @@ SPEC is {"model", "overrides" (model config fields), "train" (TrainConfig fields
 with capsnet.training (best/ chosen on the validation split, the test split scored once), then best/ is measured:
 
 - test accuracy: the run's test.json (best/ on the test split, scored once);
-- accuracy on the same test images under `random_affine` (rotation ±15°, scale 0.9–1.1, shear ±10°, translation
-  ±10%; seed AFFINE_SEED), which training never saw beyond its shifts;
+- accuracy on the same test images under one fixed random affine transform (capsnet.data.augment.AFFINE_TEST, as
+  `capsnet reproduce zoo` measures it), which training never saw beyond its shifts;
 - trainable parameters; training images/s (the mean over epochs); inference images/s at batch 1 and at
   `infer_batch` (eval mode, no gradients, inputs prepared beforehand);
 - peak memory in MiB: on CUDA torch.cuda.max_memory_allocated over the process, on CPU the process's maximum
@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import inspect
 import json
-import platform
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,9 +32,9 @@ from typing import Any
 import torch
 
 from ..config import from_dict
-from ..data.augment import random_affine
+from ..data.augment import affine_test_images
 from ..data.scaling import channel_stats
-from ..data.split import Split, to_float
+from ..data.split import Split
 from ..errors import CapsNetError
 from ..models.pretrained import load_pretrained
 from ..models.recipe import model_input
@@ -46,10 +44,9 @@ from ..training.config import TrainConfig
 from ..training.evaluate import checkpoint_data, evaluate, standardizes_channels
 from ..training.hardware import resolve_device
 from ..training.loop import train
+from .zoo import cpu_name, git_commit
 
 RESULT_PREFIX = "capsnet-compare-result: "
-AFFINE_SEED = 1234
-AFFINE = {"degrees": 15, "scale": (0.9, 1.1), "shear": 10, "translate": 0.1}  # random_affine's arguments
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -89,7 +86,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "infer_img_s_b1": inference_speed(model, test, 1, device),
         "infer_img_s_batch": inference_speed(model, test, batch, device), "infer_batch": batch,
         "peak_mem_mb": peak_memory_mb(device), "routing_spread": routing_spread(model, test, device),
-        "cpu": device_name(device), "torch": torch.__version__, "commit": commit(),
+        "cpu": device_name(device), "torch": torch.__version__, "commit": git_commit(),
         "note": "peak memory: " + ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
                                    "the process's maximum resident set"),
     }  # fmt: skip
@@ -104,12 +101,8 @@ def protocol(test: dict[str, Any]) -> str:
 
 
 def affine_split(test: Split) -> Split:
-    """`test`'s images under a fixed random affine transform (AFFINE), as uint8, with the original split's channel
-    statistics (a model that standardizes each channel reads them as it reads the test split)."""
-    generator = torch.Generator().manual_seed(AFFINE_SEED)
-    moved = random_affine(to_float(test.images), generator=generator, **AFFINE)  # type: ignore[arg-type]
-    pixels = (moved * 255.0).round_().clamp_(0, 255).to(torch.uint8)
-    return Split(pixels, test.labels, channel_stats(test))
+    """`test`'s images under AFFINE_TEST (the same draw as `capsnet reproduce zoo`'s), labels and statistics kept."""
+    return Split(affine_test_images(test.images), test.labels, test.channel_stats)
 
 
 def _inputs(model: torch.nn.Module, split: Split, n: int, device: torch.device) -> torch.Tensor:
@@ -163,23 +156,8 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
-def commit() -> str:
-    """capsnet's git commit when it runs from a checkout ("" otherwise)."""
-    try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, text=True,
-                              capture_output=True, timeout=10)  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return done.stdout.strip() if done.returncode == 0 else ""
+    """The GPU's name, or the host's CPU as the results data names it."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
 def _sync(device: torch.device) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..config import from_dict, to_dict
+from .hf_hub import is_hf_ref
 from .hub import resolve_pretrained, shipped_tags
 from .registry import MODELS
 
@@ -23,9 +24,11 @@ def create_model(name: str, *, pretrained: str | os.PathLike | None = None, **ov
     (config fields, e.g. `create_model("capsnet", in_channels=3, image_size=32, routing_iterations=1)`).
 
     With `pretrained`, a tag of the weights shipped for the model (`capsnet models` lists them), a save_pretrained
-    folder or a training run folder (its best/): the saved model in eval mode. The fields recorded from the
-    training data (image size, channels, classes, ...) come from it; `overrides` may only change fields that keep
-    the weights' shapes (e.g. routing_iterations). A bad name or option is a ConfigError naming the known ones.
+    folder, a training run folder (its best/), a published folder's URL#sha256=HEX or a Hugging Face Hub repository
+    "hf-hub:ORG/REPO[@REVISION]": the saved model in eval mode, its `provenance` saying where it came from. The
+    fields recorded from the training data (image size, channels, classes, ...) come from it; `overrides` may only
+    change fields that keep the weights' shapes (e.g. routing_iterations). A bad name or option is a ConfigError
+    naming the known ones.
 
     Fine-tuning to new classes: `n_classes=K` with K other than the weights' count loads every layer whose tensors'
     shapes do not depend on the class count (all but the class-capsule layer and the decoder's first layer),
@@ -36,10 +39,14 @@ def create_model(name: str, *, pretrained: str | os.PathLike | None = None, **ov
     cls = MODELS[name]
     if pretrained is not None:
         n_classes = overrides.pop("n_classes", None)
-        model = cls.from_pretrained(resolve_pretrained(name, pretrained), **overrides)
+        source = pretrained if is_hf_ref(pretrained) else resolve_pretrained(name, pretrained)
+        model = cls.from_pretrained(source, **overrides)
+        model.provenance = {**model.provenance, "source": str(pretrained)}
         if n_classes is None or int(n_classes) == model.config.n_classes:
             return model
-        return with_classes(model, int(n_classes), source=str(pretrained))
+        fresh = with_classes(model, int(n_classes), source=str(pretrained))
+        fresh.provenance = {**model.provenance, "n_classes": int(n_classes)}
+        return fresh
     return cls(config=from_dict(cls.config_class, overrides, what=f"create_model({name!r})"))
 
 

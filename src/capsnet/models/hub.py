@@ -14,9 +14,10 @@ A URL names a save_pretrained folder on a web server, pinned as a whole by the S
 text `sha256sum config.json model.safetensors` prints), so `cd folder && sha256sum config.json model.safetensors |
 sha256sum` gives it. Both files are downloaded with :func:`capsnet.fetch.fetch_url` (retries, byte limits, a
 deadline, atomic writes, a lock) into a fresh folder of the cache, which becomes CACHE/pretrained/<HEX>/ only when
-the two files have that SHA-256: an altered config.json (or weights) is refused and nothing is kept. config.json is
-then read strictly and must fit the weights. A cached folder that still has the SHA-256 is used without asking the
-server again.
+the two files have that SHA-256. Files of another SHA-256 are fetched again, from scratch, FOLDER_FETCHES times in
+all (a transient fault), then refused: an altered config.json (or weights) is refused and nothing is kept.
+config.json is then read strictly and must fit the weights. A cached folder that still has the SHA-256 is used
+without asking the server again.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError, DownloadError
-from ..fetch import cache_root, fetch_url, file_digest
+from ..fetch import cache_root, fetch_url, file_digest, url_problem
 from ..fileio import atomic_write_json
 from ..limits import CONFIG_DOWNLOAD_DEADLINE_S, MAX_CONFIG_DOWNLOAD_BYTES
 
@@ -95,6 +96,9 @@ def is_url(text: Any) -> bool:
 
 
 FOLDER_FILES = ("config.json", "model.safetensors")  # what a URL's SHA-256 covers, in the manifest's order
+# How many times a folder is fetched before its files are called not the URL's: a fault that serves the right
+# length of wrong bytes once (a proxy, a half-written file on the server) passes on the second fetch.
+FOLDER_FETCHES = 2
 
 
 def folder_sha256(folder: str | os.PathLike) -> str:
@@ -107,6 +111,9 @@ def folder_sha256(folder: str | os.PathLike) -> str:
 def fetch_pretrained(url: str, *, cache_dir: str | os.PathLike | None = None) -> Path:
     """The save_pretrained folder published at `url` (`...#sha256=HEX`, see the module docstring), downloaded into
     capsnet's cache (:func:`capsnet.fetch.cache_root`) unless it is there already; returns the cached folder."""
+    problem = url_problem(url)
+    if problem is not None:
+        raise ConfigError(f"{url}: not a valid URL ({problem})")
     base, fragment = urllib.parse.urldefrag(url)
     sha256 = (urllib.parse.parse_qs(fragment).get("sha256") or [""])[0].lower()
     if not re.fullmatch(r"[0-9a-f]{64}", sha256):
@@ -120,31 +127,40 @@ def fetch_pretrained(url: str, *, cache_dir: str | os.PathLike | None = None) ->
     if _pinned(folder, sha256):
         return folder
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{sha256[:16]}.", suffix=".tmp", dir=root))
-    try:
-        fetch_url(base + "config.json", staging / "config.json", max_bytes=MAX_CONFIG_DOWNLOAD_BYTES,
-                  deadline=CONFIG_DOWNLOAD_DEADLINE_S)  # fmt: skip
-        _check_config(staging / "config.json", base)
-        fetch_url(base + "model.safetensors", staging / "model.safetensors")
-        got = folder_sha256(staging)
-        if got != sha256:
-            if file_digest(staging / "model.safetensors", hashlib.sha256) == sha256:
-                why = (
-                    "the URL gives the SHA-256 of model.safetensors alone; a URL pins the whole folder: compute it "
-                    "from the folder you published (sha256sum config.json model.safetensors | sha256sum)"
-                )
-            else:
-                why = f"the files served have SHA-256 {got}, not the URL's (config.json or the weights differ)"
-            raise DownloadError(f"{base}: {why}; nothing was kept", url=url, permanent=True)
-        if folder.exists():  # (a copy that lost its SHA-256: replaced)
-            shutil.rmtree(folder)
-        with contextlib.suppress(OSError):  # (another process may have put the same folder there meanwhile)
-            os.replace(staging, folder)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    for attempt in range(1, FOLDER_FETCHES + 1):
+        staging = Path(tempfile.mkdtemp(prefix=f".{sha256[:16]}.", suffix=".tmp", dir=root))
+        try:
+            got = _fetch_folder(base, staging)
+            if got == sha256:
+                if folder.exists():  # (a copy that lost its SHA-256: replaced)
+                    shutil.rmtree(folder)
+                with contextlib.suppress(OSError):  # (another process may have put the same folder there meanwhile)
+                    os.replace(staging, folder)
+                break
+            if file_digest(staging / "model.safetensors", hashlib.sha256) == sha256:  # (no fetch can mend this)
+                raise DownloadError(f"{base}: the URL gives the SHA-256 of model.safetensors alone; a URL pins the "
+                                    "whole folder: compute it from the folder you published (sha256sum config.json "
+                                    "model.safetensors | sha256sum); nothing was kept", url=url,
+                                    permanent=True)  # fmt: skip
+            if attempt == FOLDER_FETCHES:
+                raise DownloadError(f"{base}: the files served have SHA-256 {got}, not the URL's (config.json or the "
+                                    f"weights differ) (fetched {attempt} times); nothing was kept", url=url,
+                                    permanent=True)  # fmt: skip
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # (a failed try leaves nothing for the next one)
     if not _pinned(folder, sha256):
         raise DownloadError(f"{folder}: the downloaded folder cannot be moved into the cache", url=url)
     return folder
+
+
+def _fetch_folder(base: str, staging: Path) -> str:
+    """Download the folder at `base` into `staging` (config.json first, checked before the weights are asked for);
+    returns its :func:`folder_sha256`."""
+    fetch_url(base + "config.json", staging / "config.json", max_bytes=MAX_CONFIG_DOWNLOAD_BYTES,
+              deadline=CONFIG_DOWNLOAD_DEADLINE_S)  # fmt: skip
+    _check_config(staging / "config.json", base)
+    fetch_url(base + "model.safetensors", staging / "model.safetensors")
+    return folder_sha256(staging)
 
 
 def _pinned(folder: Path, sha256: str) -> bool:

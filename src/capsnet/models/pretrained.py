@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
@@ -48,6 +49,9 @@ class Pretrained(_ModuleBase):
     # rebuild the model it was saved from (the dataclass defaults describe the current, paper layout).
     saved_defaults: ClassVar[dict[str, Any]] = {}
     config: Any
+    # Where a loaded model's weights came from ({"source": what was given, "folder": the folder read}; from the Hub
+    # also "repo", "revision", "commit", "pinned": capsnet.models.hf_hub); None for a model built afresh.
+    provenance: dict[str, Any] | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A model whose config records its training data reads an older config.json's missing data fields as
@@ -105,7 +109,7 @@ class Pretrained(_ModuleBase):
 
         `overrides` change config fields that leave the weights' shapes alone (e.g. `routing_iterations`); one that
         changes the architecture, or a field recorded from the training data (DATA_FIELDS), is a ConfigError."""
-        directory = _folder(directory)
+        directory, source = _folder(directory)
         model_type, saved, plugins = _read_config(directory)
         try:
             target = cls if model_type == getattr(cls, "model_type", None) else _registered(model_type, directory)
@@ -130,25 +134,57 @@ class Pretrained(_ModuleBase):
             raise ConfigError(f"{given} changes the architecture of the weights in {directory} ({problems})")
         if problems:
             raise StateDictError(f"{path}: weights do not match {CONFIG_NAME} ({problems})")
+        model.provenance = {**source, "folder": str(directory)}
         return cast(M, model.to(map_location).eval())  # `target` is `cls` or a subclass of it
+
+    def push_to_hub(self, repo_id: str, *, card: dict[str, Any] | None = None, **options: Any) -> dict[str, str]:
+        """Publish this model on the Hugging Face Hub as repository `repo_id` (ORG/NAME, created if need be):
+        config.json, model.safetensors and a README.md model card made from `card` (card.json's fields; None: a
+        card that claims no figure), in one commit. `options`: revision (a branch), private, token,
+        commit_message. Returns {"repo", "commit", "url", "ref"}: `ref` loads it back, pinned to the commit
+        (capsnet.models.hf_hub; the `hub` extra)."""
+        from .hf_hub import check_repo_id, push_folder
+        from .model_card import render_card
+
+        check_repo_id(repo_id, what="push_to_hub")
+        with tempfile.TemporaryDirectory(prefix="capsnet-push-") as tmp:
+            self.save_pretrained(tmp)
+            text = render_card(card, repo_id=repo_id, model_type=self.model_type, config_file=Path(tmp) / CONFIG_NAME)
+            return push_folder(tmp, repo_id, card_text=text, **options)
 
 
 def load_pretrained(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu", **overrides: Any) -> Any:
     """Load any registered model (CapsNet, BaselineCNN, ...) from its `save_pretrained` folder, shipped weights
-    by "NAME:TAG" (e.g. "capsnet:fashion-mnist") or a published folder by URL#sha256=HEX (capsnet.models.hub);
-    `overrides` as :meth:`Pretrained.from_pretrained`."""
+    by "NAME:TAG" (e.g. "capsnet:fashion-mnist"), a published folder by URL#sha256=HEX (capsnet.models.hub) or a
+    Hugging Face Hub repository by "hf-hub:ORG/REPO[@REVISION]" (capsnet.models.hf_hub); `overrides` as
+    :meth:`Pretrained.from_pretrained`. The model's `provenance` says where it came from."""
     load = Pretrained.from_pretrained.__func__  # type: ignore[attr-defined]
     return load(Pretrained, directory, map_location=map_location, **overrides)
 
 
-def _folder(directory: str | os.PathLike) -> Path:
+def _folder(directory: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
+    """The folder `directory` names (a folder, NAME:TAG, a URL, an hf-hub: reference) and its provenance."""
+    from .hf_hub import fetch_hf, is_hf_ref
     from .hub import fetch_pretrained, is_ref, is_url, resolve_ref
 
+    if is_hf_ref(directory):
+        return fetch_hf(str(directory))
+    source = {"source": str(directory)}
     if is_url(directory):
-        return fetch_pretrained(str(directory))
+        return fetch_pretrained(str(directory)), source
     if isinstance(directory, str) and is_ref(directory):
-        return resolve_ref(directory)
-    return Path(directory)
+        return resolve_ref(directory), source
+    return Path(directory), source
+
+
+def lightning_hint(path: Path) -> str:
+    """What to do with a Lightning checkpoint (a .ckpt file, or a folder of them) given where a capsnet folder is
+    expected, as the end of a message; "" for anything else."""
+    found = (path.suffix == ".ckpt" and path.is_file()) or (path.is_dir() and any(path.glob("*.ckpt")))
+    if not found:
+        return ""
+    return ("; a Lightning checkpoint: load it with capsnet.lightning.CapsuleModule.load_from_checkpoint(PATH) and "
+            "write its .model with save_pretrained(FOLDER)")  # fmt: skip
 
 
 def check_model_size(target: type, config: Any, where: str) -> None:
@@ -222,7 +258,7 @@ def plugin_distributions(model: Any) -> list[str]:
 def _read_config(directory: Path) -> tuple[str, dict[str, Any], list[str]]:
     path = directory / CONFIG_NAME
     if not directory.is_dir():
-        raise CheckpointError(f"{directory}: not a folder")
+        raise CheckpointError(f"{directory}: not a folder{lightning_hint(directory)}")
     if not path.is_file():
         raise CheckpointError(f"{directory}: no {CONFIG_NAME} (not a save_pretrained folder)")
     try:

@@ -28,7 +28,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 from safetensors import SafetensorError
@@ -37,7 +37,7 @@ from safetensors.torch import load_file, save
 from .._version import __version__
 from ..errors import CheckpointError
 from ..fileio import atomic_open, atomic_write_bytes, atomic_write_json
-from ..models.pretrained import CONFIG_NAME, WEIGHTS_NAME, Pretrained
+from ..models.pretrained import CONFIG_NAME, WEIGHTS_NAME, Pretrained, lightning_hint
 from ..models.registry import MODELS
 
 STATE_NAME = "state.pt"
@@ -51,8 +51,35 @@ EMA_COLUMNS = ["ema_val_loss", "ema_val_acc", "ema_test_loss", "ema_test_acc"]  
 
 
 def save_state(run_dir: Path, state: dict[str, Any]) -> None:
+    """state.pt, atomically. A write that fails inside torch.save (a full disk) is the OSError it was, naming
+    state.pt: torch's archive writer reports it as "RuntimeError: [enforce fail ...] unexpected pos" once it has
+    written part of the archive."""
     with atomic_open(run_dir / STATE_NAME, "wb") as f:
-        torch.save(state, f)
+        writer = _Writer(f)
+        try:
+            torch.save(state, cast(IO[bytes], writer))  # (torch.save calls write and flush)
+        except RuntimeError:
+            if writer.error is None:
+                raise
+            raise writer.error from None
+
+
+class _Writer:
+    """A file for torch.save that keeps the OSError its `write` raised (torch's writer turns it into another)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def load_state(run_dir: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -70,6 +97,9 @@ def load_state(run_dir: Path, map_location: str | torch.device = "cpu") -> dict[
         raise CheckpointError(f"{path}: cannot be loaded ({type(e).__name__}: {first})") from None
     if not isinstance(state, dict) or "model" not in state or "epoch" not in state:
         raise CheckpointError(f"{path}: not a capsnet training state")
+    missing = [key for key in STATE_REQUIRED if key not in state]
+    if missing:
+        raise CheckpointError(f"{path}: not a resumable capsnet training state (no {', '.join(missing)})")
     for key, kind in STATE_TYPES.items():
         if (key in state and not isinstance(state[key], kind)) or isinstance(state.get(key), bool):
             raise CheckpointError(f"{path}: not a capsnet training state ({key} is a {type(state[key]).__name__})")
@@ -84,6 +114,8 @@ STATE_TYPES: dict[str, type | tuple[type, ...]] = {
     "epoch": int, "batch_in_epoch": int, "step": int, "best": (dict, type(None)), "history": list,
     "running": list, "rng": dict,
 }  # fmt: skip
+# The entries every state.pt has had (capsnet 0.1.0's too), which a resume cannot do without.
+STATE_REQUIRED = ("model", "optimizer", "scheduler", "epoch", "batch_in_epoch", "step", "history", "running", "rng")
 
 
 def get_rng_states(device: torch.device, augment_rng: torch.Generator, dist) -> dict[str, Any]:
@@ -241,7 +273,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     if not p.exists():
         raise CheckpointError(f"{path}: no such checkpoint (give a run folder or a save_pretrained folder)")
     if not p.is_dir():
-        raise CheckpointError(f"{path}: not a folder (give a run folder or a save_pretrained folder)")
+        raise CheckpointError(
+            f"{path}: not a folder (give a run folder or a save_pretrained folder){lightning_hint(p)}"
+        )
     for sub in ("best", "last"):
         if (p / sub / CONFIG_NAME).is_file():
             return p / sub
@@ -253,7 +287,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         return p  # load_pretrained names what is missing or wrong
     raise CheckpointError(
         f"{path}: neither a run folder (with best/ or last/) nor a save_pretrained folder "
-        f"({CONFIG_NAME} + {WEIGHTS_NAME})"
+        f"({CONFIG_NAME} + {WEIGHTS_NAME}){lightning_hint(p)}"
     )
 
 

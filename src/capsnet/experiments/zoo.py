@@ -1,0 +1,264 @@
+"""`capsnet reproduce zoo`: every registered model trained and scored the same way on a benchmark, as rows of the
+project's results data (capsnet.results, results/BENCHMARK.csv).
+
+Benchmarks (BENCHMARKS):
+
+    sample         the bundled MNIST digits: 5,400 training / 600 validation / 2,000 test; each model at its own
+                   defaults (learning rate, decay, batch, augmentation) for the epochs SAMPLE_EPOCHS states
+    fashion-mnist  full Fashion-MNIST: 54,000 / 6,000 / 10,000; every model at its own defaults for the same
+                   FASHION_EPOCHS (one budget for all)
+
+Each seed is an ordinary `capsnet train` run in OUT/zoo/BENCHMARK/MODEL/seed-K: best/ is chosen on the validation
+split (the default monitor, val_loss), and the test split is scored once, at the end, on best/ (test.json). The row
+reports every seed's test accuracy of its best/, their mean and std, and best/'s accuracy on the same test images
+under one fixed random affine transform (capsnet.data.augment.AFFINE_TEST), kept in the seed's affine.json.
+
+Re-running a command skips finished seeds, continues unfinished ones (`--resume`) and starts missing ones; a model
+whose row results/ already holds as done, with the same epochs and seeds, is not trained again (a fresh machine
+picks up from results/).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data.augment import affine_test_images
+from ..data.datasets import load_dataset
+from ..data.split import Split
+from ..errors import ConfigError
+from ..fileio import atomic_write_json
+from ..models.pretrained import load_pretrained
+from ..models.registry import MODELS
+from ..results import Row, read_rows, with_accuracies, write_rows
+from ..training.config import TrainConfig
+from ..training.evaluate import evaluate
+from ..training.hardware import bf16_native, cpu_flags, resolve_device
+from ..training.loop import train
+from .fashion_mnist import read_test, run_state
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    dataset: str
+    default_epochs: int  # for a model without its own entry
+    epochs: dict[str, int]  # model -> its stated budget
+    why: str
+
+
+# Epoch budgets on the bundled sample: each model's own defaults, for as many epochs as a seed can take in about a
+# CPU-hour on a 2-core host (docs/benchmarks.md, "The zoo").
+SAMPLE_EPOCHS: dict[str, int] = {
+    "capsnet": 10,
+    "baseline": 10,
+    "em-capsnet": 3,
+    "efficient-capsnet": 30,
+    "inverted-attention-capsnet": 10,
+    "self-routing-capsnet": 15,
+    "hvc-capsnet": 15,
+    "deepcaps": 10,
+}
+FASHION_EPOCHS = 3  # one budget for every model on full Fashion-MNIST
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "sample": Benchmark("sample", "mnist-sample", 10, SAMPLE_EPOCHS, "each model's own defaults and epoch budget"),
+    "fashion-mnist": Benchmark(
+        "fashion-mnist", "fashion-mnist", FASHION_EPOCHS, {}, f"each model's own defaults, {FASHION_EPOCHS} epochs"
+    ),
+}
+PROTOCOL = "best/ on validation loss (stratified 10% of training), test scored once"
+
+
+@dataclass
+class ZooPlan:
+    """What one invocation trains: models × seeds on one benchmark."""
+
+    benchmark: str
+    models: list[str]
+    seeds: list[int]
+    out: Path
+    precision: str = "auto"
+    device: str = "auto"
+    data_dir: str | None = None
+    results: Path = Path("results")
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.precision == "auto":  # bf16 where the device multiplies it natively (measured neutral: docs)
+            self.precision = "bf16" if bf16_native(resolve_device(self.device)) else "fp32"
+        if self.benchmark not in BENCHMARKS:
+            raise ConfigError(f"unknown benchmark {self.benchmark!r}; known: {', '.join(BENCHMARKS)}")
+        self.models = [MODELS.canonical(m) for m in self.models]
+        if not self.models or not self.seeds:
+            raise ConfigError("need at least one model and one seed")
+
+    def epochs(self, model: str) -> int:
+        bench = BENCHMARKS[self.benchmark]
+        return bench.epochs.get(model, bench.default_epochs)
+
+    def run_dir(self, model: str, seed: int) -> Path:
+        return self.out / "zoo" / self.benchmark / self.precision / model / f"seed-{seed}"
+
+    def train_config(self, model: str, seed: int) -> TrainConfig:
+        bench = BENCHMARKS[self.benchmark]
+        return TrainConfig(
+            dataset=bench.dataset,
+            data_dir=self.data_dir,
+            model=model,
+            seed=seed,
+            epochs=self.epochs(model),
+            precision=self.precision,  # type: ignore[arg-type]
+            device=self.device,
+            out=str(self.run_dir(model, seed)),
+            progress=self.progress,
+            tensorboard=False,
+        )
+
+    def command(self, model: str) -> str:
+        first = f" --seed {self.seeds[0]}" if self.seeds[0] else ""
+        return (
+            f"capsnet reproduce zoo --benchmark {self.benchmark} --model {model} --seeds {len(self.seeds)}{first} "
+            f"--precision {self.precision}"
+        )
+
+
+def train_seed(plan: ZooPlan, model: str, seed: int) -> dict[str, Any]:
+    """Train, continue or skip one seed's run; returns its test.json with the affine accuracy added."""
+    config = plan.train_config(model, seed)
+    state = run_state(config)
+    folder = Path(config.out)
+    if state != "finished":
+        doing = "continuing" if state == "unfinished" else "starting"
+        print(f"== zoo {plan.benchmark}: {model} seed {seed} ({doing}, {config.epochs} epochs) -> {folder}", flush=True)
+        result = train(dataclasses.replace(config, resume=state == "unfinished"))
+        if result.interrupted:
+            raise KeyboardInterrupt
+    test = read_test(folder)
+    if test is None:
+        raise ConfigError(f"{folder}: the run ended without a test.json")
+    return {**test, "affine": affine_accuracy(folder, plan), "config": _recorded(folder)}
+
+
+def affine_accuracy(folder: Path, plan: ZooPlan) -> float:
+    """best/'s accuracy on the affine-transformed test images (cached in the seed's affine.json)."""
+    cached = folder / "affine.json"
+    if cached.is_file():
+        return float(json.loads(cached.read_text(encoding="utf-8"))["accuracy"])
+    data = load_dataset(BENCHMARKS[plan.benchmark].dataset, data_dir=plan.data_dir)
+    model = load_pretrained(folder / "best")
+    test = data.test
+    accuracy = evaluate(model, Split(affine_test_images(test.images), test.labels, test.channel_stats))["accuracy"]
+    atomic_write_json(cached, {"accuracy": accuracy, "transform": "capsnet.data.augment.AFFINE_TEST"})
+    return accuracy
+
+
+def _recorded(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "config.json").read_text(encoding="utf-8"))
+
+
+def model_row(plan: ZooPlan, model: str, seeds: list[dict[str, Any]]) -> Row:
+    """The results row of one model's seeds."""
+    record = seeds[0]["config"]
+    train_cfg = record["train"]
+    trained = load_pretrained(Path(train_cfg["out"]) / "best")
+    data = load_dataset(BENCHMARKS[plan.benchmark].dataset, data_dir=plan.data_dir)
+    n_val = int(record["validation"]["n"])
+    best = [s["best"] for s in seeds]
+    row = Row(
+        model=model,
+        params=sum(p.numel() for p in trained.parameters()),
+        benchmark=plan.benchmark,
+        protocol=PROTOCOL,
+        train_images=len(data.train or []) - n_val,  # the data set's training split less the validation split
+        val_images=n_val,
+        test_images=best[0]["n"],
+        epochs=train_cfg["epochs"],
+        batch_size=train_cfg["batch_size"],
+        precision=train_cfg["precision"],
+        cpu=cpu_name(),
+        torch=torch.__version__,
+        commit=git_commit(),
+        command=plan.command(model),
+    )
+    row = with_accuracies(row, plan.seeds, [100 * b["accuracy"] for b in best])
+    affine = with_accuracies(row, plan.seeds, [100 * s["affine"] for s in seeds])
+    return dataclasses.replace(row, affine_acc_mean=affine.test_acc_mean, affine_acc_std=affine.test_acc_std)
+
+
+def already_done(plan: ZooPlan, model: str) -> bool:
+    """Whether results/ holds this model's done row at this benchmark's budget and seeds."""
+    path = plan.results / f"{plan.benchmark}.csv"
+    if not path.is_file():
+        return False
+    seeds = " ".join(map(str, plan.seeds))
+    wanted = (model, "defaults", plan.benchmark, plan.precision, seeds, plan.epochs(model), "done")
+    return any(
+        (r.model, r.config, r.benchmark, r.precision, r.seeds, r.epochs, r.status) == wanted for r in read_rows(path)
+    )
+
+
+def run_zoo(plan: ZooPlan) -> list[Row]:
+    """Every (model, seed) of `plan`; each model's row is written to results/BENCHMARK.csv as soon as it is done."""
+    rows = []
+    for model in plan.models:
+        if already_done(plan, model):
+            print(f"== zoo {plan.benchmark}: {model} is in {plan.results}/{plan.benchmark}.csv already", flush=True)
+            continue
+        seeds = [train_seed(plan, model, seed) for seed in plan.seeds]
+        row = model_row(plan, model, seeds)
+        write_rows(plan.results / f"{plan.benchmark}.csv", [row])
+        rows.append(row)
+    return rows
+
+
+def cpu_name() -> str:
+    """The host: its CPU model as /proc/cpuinfo names it, its core count and vector/bf16 support (the figures
+    depend on them: docs/benchmarks.md), e.g. "Intel(R) Xeon(R) Processor, 2 cores, AVX-512 BF16/AMX"."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    flags = cpu_flags()
+    isa = (
+        "AVX-512 BF16"
+        if "avx512_bf16" in flags
+        else "AVX-512"
+        if "avx512f" in flags
+        else "AVX2"
+        if "avx2" in flags
+        else ""
+    )
+    isa += "/AMX" if "amx_bf16" in flags else ""
+    return ", ".join(x for x in (model, f"{os.cpu_count()} cores", isa) if x)
+
+
+def git_commit() -> str:
+    """capsnet's git commit where it runs from a checkout, else its version."""
+    from .. import __version__
+
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return f"capsnet {__version__}"
+
+
+__all__ = ["BENCHMARKS", "FASHION_EPOCHS", "SAMPLE_EPOCHS", "Benchmark", "ZooPlan", "run_zoo"]
