@@ -113,3 +113,22 @@ def write_digits(folder, n: int, *, offset: int = 0):
                 gzip.compress(header + array.astype("uint8").tobytes(), mtime=0)
             )
     return folder
+
+
+def write_plugin(folder, distribution: str, modules: dict[str, str], entry_points: dict[str, dict[str, str]]):
+    """An installed distribution in `folder` (put it on sys.path or PYTHONPATH): the Python `modules` (name ->
+    source) and a `{distribution}-0.1.dist-info` with its METADATA and entry_points.txt ({group: {name: value}}),
+    the files an installer writes. Returns the folder."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, source in modules.items():
+        (folder / f"{name}.py").write_text(source, encoding="utf-8")
+    info = folder / f"{distribution.replace('-', '_')}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.1\n", encoding="utf-8")
+    sections = [f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in points.items())
+                for group, points in entry_points.items()]  # fmt: skip
+    (info / "entry_points.txt").write_text("\n".join(sections), encoding="utf-8")
+    return folder

@@ -28,6 +28,7 @@ from helpers import small_config
 from capsnet import CapsNet
 from capsnet.cli import build_parser, main
 from capsnet.cli.train import model_options
+from capsnet.experiments import compare
 from capsnet.models.baseline import BaselineCNN
 from capsnet.training import loop
 
@@ -54,6 +55,10 @@ KINDS = {
     "out": "out",
     "device": "device",
     "model": "name",
+    "routing": "name",
+    "routings": "name",
+    "models": "name",
+    "option": "name",
     "experiment": "name",
     "monitor": "name",
     "host": "name",
@@ -77,6 +82,7 @@ SAFE = {
     "tensorboard": ["--no-tensorboard"],
     "quick": ["--quick"],
     "figures": ["--no-figures"],
+    "routings": ["dynamic"],
     "repo": ["org/name"],
 }
 
@@ -319,6 +325,7 @@ def no_training(monkeypatch):
         raise _Trained("training started: the bad value was accepted")
 
     monkeypatch.setattr(loop, "train_epoch", refuse)
+    monkeypatch.setattr(compare, "run_entry", refuse)  # capsnet compare trains each entry in a process of its own
     from capsnet.models import hf_hub  # capsnet push: stopped before it reaches the Hub
 
     monkeypatch.setattr(hf_hub, "push_folder", refuse)

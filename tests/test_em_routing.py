@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from em_reference import class_caps_reference, conv_caps_reference
+from em_reference import class_caps_reference, conv_caps_reference, em_loops
 
 from capsnet import ConfigError
 from capsnet.cli import main
@@ -15,6 +15,7 @@ from capsnet.models.em_capsnet import SMALL, receptive_field_centres
 from capsnet.nn.losses import SpreadLoss, spread_margin
 from capsnet.routing import em_conv
 from capsnet.routing.em import em_routing, inverse_temperature
+from capsnet.routing.em_fc import EMRoutingFC
 from capsnet.routing.matrix_capsules import ClassCaps, ConvCaps, PrimaryMatrixCaps
 
 TINY_MODEL = ["--conv-channels", "8", "--primary-types", "4", "--caps1-types", "4", "--caps2-types", "4"]
@@ -114,6 +115,48 @@ def test_class_caps_matches_loop_reference(coordinates):
     torch.testing.assert_close(out[1], ref[1], rtol=1e-6, atol=1e-7)
     for g, gr in zip(_grads(out, [poses, acts, *params]), _grads(ref, [poses, acts, *params])):
         torch.testing.assert_close(g, gr, rtol=1e-5, atol=1e-7)
+
+
+def em_fc_reference(u, a, weight, beta_u, beta_a, *, iterations):
+    """One image through `em_loops`: every child i of u [I, d] votes W_ij u_i for every parent j, in one field."""
+    n_in, n_out = weight.shape[:2]
+    votes = {(0, j, i): u[i] @ weight[i, j] for i in range(n_in) for j in range(n_out)}  # V_ij = W_ij u_i  [16]
+    mu, acts = em_loops(votes, {i: a[i] for i in range(n_in)}, {0: list(range(n_in))}, n_out, beta_u, beta_a,
+                        iterations=iterations)  # fmt: skip
+    return torch.stack([mu[0, j] for j in range(n_out)]), torch.stack([acts[0, j] for j in range(n_out)])
+
+
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_em_routing_fc_matches_loop_reference(iterations, monkeypatch):
+    import em_reference
+
+    from capsnet.routing import em
+
+    for module in (em, em_reference):  # without the ε of Σ_i R'_ij (each adds it in another place), to float64's
+        monkeypatch.setattr(module, "_TINY" if module is em else "TINY", 0.0)
+    torch.manual_seed(0)
+    layer = EMRoutingFC(7, 3, 5, iterations=iterations, weight_std=0.5, min_var=5e-4).double()  # the loops' floor
+    with torch.no_grad():
+        layer.beta_u.normal_(0, 1)
+        layer.beta_a.normal_(0, 1)
+    g = torch.Generator().manual_seed(1)
+    u = torch.randn(2, 7, 5, generator=g, dtype=torch.float64).requires_grad_()
+    a = torch.rand(2, 7, generator=g, dtype=torch.float64).requires_grad_()
+    params = [layer.weight, layer.beta_u, layer.beta_a]
+    res = layer(u, a, return_weights=True)
+    out = res.capsules, res.activations
+    ref = [em_fc_reference(u[b], a[b], *params, iterations=iterations) for b in range(2)]
+    ref = torch.stack([r[0] for r in ref]), torch.stack([r[1] for r in ref])
+    torch.testing.assert_close(out[0], ref[0], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(res.weights.sum(dim=2), torch.ones(2, 7, dtype=torch.float64))  # R_ij over parents
+    for grad, expected in zip(_grads(out, [u, a, *params]), _grads(ref, [u, a, *params])):
+        torch.testing.assert_close(grad, expected, rtol=1e-8, atol=1e-11)
+
+
+def test_em_routing_fc_routes_only_to_16_pose_entries():
+    with pytest.raises(ValueError, match="16 pose entries"):
+        EMRoutingFC(7, 3, 5, 8)
 
 
 def test_coordinate_addition_moves_the_right_vote_entries():

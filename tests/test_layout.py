@@ -1,6 +1,6 @@
 """The package layout: which subpackage may import which, read from the source with ast (nothing is imported).
 
-Layers, bottom up: the foundation modules (errors, fileio, config, fetch, _lazy); configs (the model configs,
+Layers, bottom up: the foundation modules (errors, fileio, config, fetch, _lazy, plugins); configs (the model configs,
 torch-free: foundation only); nn; routing (nn); models (nn, routing); data (foundation only); training (models,
 data, nn, routing); experiments, viz and lightning (training and below; not each other); cli (anything). On top, the
 package's `__init__` (the public API) and `__main__`: nothing imports them.
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "capsnet"
-FOUNDATION = {"errors", "fileio", "config", "_version", "fetch", "_lazy", "limits"}
+FOUNDATION = {"errors", "fileio", "config", "_version", "fetch", "_lazy", "limits", "plugins", "results"}
 
 BELOW_TRAINING = {"foundation", "configs", "nn", "routing", "models", "data", "training"}
 MAY_IMPORT: dict[str, set[str]] = {

@@ -13,6 +13,7 @@ from PIL import Image
 
 from capsnet import CapsNet, load_pretrained
 from capsnet.cli import main
+from capsnet.configs.routings import fully_connected
 from capsnet.data import Split, load_dataset
 from capsnet.errors import CheckpointError, ConfigError
 from capsnet.models.efficient_capsnet import EfficientCapsNet, EfficientCapsNetConfig
@@ -21,7 +22,19 @@ from capsnet.models.registry import MODELS
 from capsnet.models.self_routing_capsnet import SelfRoutingCapsNet
 from capsnet.training.evaluate import evaluate
 
-ROUTINGS = ["dynamic", "self-attention", "inverted-attention", "self-routing"]
+ROUTINGS = fully_connected()  # every --routing option of the registry, "dynamic" first
+
+
+def routing_config(routing: str):
+    """The small CapsNet with `routing` (EM routes to 16 pose entries: class capsules of 16 dimensions)."""
+    return small_config(routing=routing, **({"class_dim": 16} if routing == "em" else {}))
+
+
+def routing_flags(routing: str) -> list[str]:
+    return [*SMALL_FLAGS[: SMALL_FLAGS.index("--class-dim")], "--class-dim", "16" if routing == "em" else "6",
+            *SMALL_FLAGS[SMALL_FLAGS.index("--class-dim") + 2 :]]  # fmt: skip
+
+
 # Small settings for the models whose paper configurations take seconds per CPU step.
 SMALL = {
     "efficient-capsnet": [],
@@ -158,7 +171,7 @@ def test_capsnet_routing_options_parameter_counts(routing, extra):
 # ------------------------------------------------------------------------------------- outputs and losses
 @pytest.mark.parametrize("routing", ROUTINGS)
 def test_capsnet_with_each_routing_trains_one_step(routing):
-    model = CapsNet(config=small_config(routing=routing)).train()
+    model = CapsNet(config=routing_config(routing)).train()
     images, labels = torch.rand(4, 1, 28, 28), torch.tensor([0, 1, 2, 3])
     out = model(images, labels, return_coupling=True)
     assert out.lengths.shape == (4, 10) and ((out.lengths >= 0) & (out.lengths <= 1)).all()
@@ -170,8 +183,8 @@ def test_capsnet_with_each_routing_trains_one_step(routing):
 
 
 def test_capsnet_rejects_unknown_routing():
-    with pytest.raises(ConfigError, match="unknown routing"):
-        CapsNet(routing="em")
+    with pytest.raises(ConfigError, match="unknown routing 'nope'; known: dynamic, self-attention"):
+        CapsNet(routing="nope")
 
 
 @pytest.mark.slow
@@ -225,7 +238,7 @@ def test_save_load_round_trip_is_strict(tmp_path, name):
 
 @pytest.mark.parametrize("routing", ROUTINGS[1:])
 def test_capsnet_routing_option_round_trip(tmp_path, routing):
-    model = CapsNet(config=small_config(routing=routing)).eval()
+    model = CapsNet(config=routing_config(routing)).eval()
     model.save_pretrained(tmp_path / "m")
     loaded = CapsNet.from_pretrained(tmp_path / "m")
     assert loaded.config.routing == routing
@@ -262,7 +275,7 @@ def test_cli_trains_evaluates_and_predicts_each_model(tmp_path, capsys, name):
 @pytest.mark.parametrize("routing", ROUTINGS[1:])
 def test_cli_trains_capsnet_with_each_routing(tmp_path, capsys, routing):
     out = tmp_path / "run"
-    assert main(["train", "--routing", routing, "--out", str(out), *QUICK, *SMALL_FLAGS]) == 0
+    assert main(["train", "--routing", routing, "--out", str(out), *QUICK, *routing_flags(routing)]) == 0
     assert load_pretrained(out / "best").config.routing == routing
 
 
@@ -288,7 +301,7 @@ def test_capsule_layer_stacks_are_checked(name, options, message):
         (["--model", "self-routing-capsnet", "--stem-channels", "8"], "not an option of --model self-routing"),
         (["--model", "inverted-attention-capsnet", "--pose-dim", "8"], "pose_dim must be a square"),
         (["--model", "inverted-attention-capsnet", "--agreement-scale", "0"], "agreement_scale must be > 0"),
-        (["--routing", "attention"], "invalid choice"),
+        (["--routing", "attention"], "unknown routing 'attention'; known: dynamic"),
     ],
 )
 def test_cli_bad_options_give_one_line_and_exit_2(tmp_path, capsys, argv, message):
@@ -314,8 +327,11 @@ def test_torchrun_trains_each_model(tmp_path, name):
 
 def test_capsnet_models_lists_every_registered_model(capsys):
     assert main(["models"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    models, routings = capsys.readouterr().out.strip().split("\n\n")  # the models' table, then the routings'
+    lines = models.splitlines()
     assert len(lines) == 1 + len(MODELS)
+    assert [line.split()[0] for line in routings.splitlines()[1:-1]] == fully_connected()
+    assert routings.splitlines()[-1].startswith("(3d: 3D dynamic routing") and "--model deepcaps" in routings
     table = {line.split()[0]: line for line in lines[1:]}
     assert set(table) == set(MODELS)
     assert "1,573,168" in table["efficient-capsnet"] and "161,824" in table["efficient-capsnet"]
@@ -331,7 +347,7 @@ def test_routing_figure_of_capsnet_with_each_routing(tmp_path, routing):
     from capsnet.viz.figures import plot_routing
 
     pytest.importorskip("matplotlib")
-    model = CapsNet(config=small_config(routing=routing)).eval()
+    model = CapsNet(config=routing_config(routing)).eval()
     path = plot_routing(model, torch.rand(1, 28, 28), 3, tmp_path / "routing.png")
     assert path.stat().st_size > 0
 
@@ -353,7 +369,7 @@ def test_visualize_skips_routing_for_a_model_without_weights(tmp_path):
 def test_torchrun_trains_capsnet_with_each_routing(tmp_path, routing):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "capsnet",
-           "train", "--routing", routing, "--out", str(tmp_path / "run"), *QUICK, *SMALL_FLAGS]  # fmt: skip
+           "train", "--routing", routing, "--out", str(tmp_path / "run"), *QUICK, *routing_flags(routing)]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     assert load_pretrained(tmp_path / "run" / "last").config.routing == routing

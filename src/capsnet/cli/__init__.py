@@ -37,6 +37,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("export", "capsnet.cli.export"),
     ("convert", "capsnet.cli.convert"),
     ("explore", "capsnet.cli.explore"),
+    ("compare", "capsnet.cli.compare"),
     ("push", "capsnet.cli.push"),
 ]
 # Each subcommand's line in `capsnet --help`, here so that the list needs none of the modules.
@@ -52,6 +53,7 @@ HELP: dict[str, str] = {
     "export": "export a model to ONNX (.onnx) or torch.export (.pt2), with a dynamic batch axis",
     "convert": "convert published weights into a save_pretrained folder",
     "explore": "a local web page: capsule lengths, poses, reconstructions, routing",
+    "compare": "train routings and models (built-in or plugins) on the same data and budget; compare them",
     "push": "publish a checkpoint on the Hugging Face Hub, with its model card",
 }
 
@@ -62,6 +64,15 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    # Called with the parser and its arguments before they are parsed: a subcommand may add flags that depend on
+    # them (`capsnet train --model PLUGIN` adds the plugin model's options). It reports a problem with `error`.
+    prepare: Any = None
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self.prepare is not None and args is not None:
+            self.prepare(self, list(args))
+        return super().parse_known_args(args, namespace)
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         """As argparse's; an unknown flag is reported by the subcommand it was given to."""

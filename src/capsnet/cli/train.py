@@ -1,7 +1,8 @@
 """`capsnet train`: flags generated from TrainConfig and every registered model's config, or a --config file.
 
 A model option is one flag, `--field-name`, shared by the models whose configs have a field of that name (their
-types must agree). A flag that the chosen `--model` does not take is an error, not silently ignored.
+types must agree). A flag that the chosen `--model` does not take is an error, not silently ignored. `--model`
+naming an installed plugin's model (capsnet.plugins) registers it before the flags are parsed and adds its options.
 
 `--resume` continues the run in --out with the settings its config.json records: a flag (or --config key) given
 again must agree with them unless it may change on resume (capsnet.training.record.MAY_CHANGE).
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ from ..config import (
 )
 from ..configs.base import DATA_FIELDS, MODEL_CONFIGS
 from ..errors import ConfigError
+from ..plugins import PluginError
 from ..training.config import TrainConfig
 
 # The parser reads the models' configs (capsnet.configs) and TrainConfig, all torch-free; training, the record of a
@@ -40,11 +44,12 @@ class ModelOption:
     models: dict[str, tuple[str, Any]]
 
 
-def model_options() -> dict[str, ModelOption]:
-    """Every built-in model's config fields (except those the data set fills in), merged by name."""
+def model_options(configs: dict[str, type] | None = None) -> dict[str, ModelOption]:
+    """The config fields (except those the data set fills in) of `configs` (model name -> config class; default:
+    every model config of capsnet.configs, built-in or registered in this process), merged by name."""
     train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
     options: dict[str, ModelOption] = {}
-    for model_name, config_class in MODEL_CONFIGS.items():
+    for model_name, config_class in (MODEL_CONFIGS if configs is None else configs).items():
         hints = typing.get_type_hints(config_class)
         for f in dataclasses.fields(config_class):
             if f.name in DATA_FIELDS or not f.init:
@@ -52,7 +57,7 @@ def model_options() -> dict[str, ModelOption]:
             if f.name in train_fields:
                 raise TypeError(f"{config_class.__name__}.{f.name} clashes with the TrainConfig field of that name")
             option = options.setdefault(f.name, ModelOption(f.name, hints[f.name], {}))
-            if option.type != hints[f.name]:
+            if _flag_type(option.type) != _flag_type(hints[f.name]):
                 other = ", ".join(option.models)
                 raise TypeError(
                     f"field {f.name!r} is {hints[f.name]} in {config_class.__name__} but {option.type} "
@@ -60,6 +65,14 @@ def model_options() -> dict[str, ModelOption]:
                 )
             option.models[model_name] = (f.metadata.get("help", ""), field_default(f))
     return options
+
+
+def _flag_type(tp: Any) -> Any:
+    """The type a flag parses for a field of type `tp`: `int | None` and `int` make the same flag."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
+        return members[0] if len(members) == 1 else tp
+    return tp
 
 
 def _help(option: ModelOption) -> str:
@@ -72,9 +85,10 @@ def _help(option: ModelOption) -> str:
     return "; ".join(t if "(default" in t else f"{m}: {t} (default: {d})" for m, (t, d) in option.models.items())
 
 
-def flags_of(model: str) -> list[str]:
-    """The model flags that `--model MODEL` takes."""
-    return ["--" + name.replace("_", "-") for name, o in model_options().items() if model in o.models]
+def flags_of(model: str, config_class: type | None = None) -> list[str]:
+    """The model flags that `--model MODEL` takes (a plugin's: those of its `config_class`)."""
+    options = model_options(None if config_class is None else {model: config_class})
+    return ["--" + name.replace("_", "-") for name, o in options.items() if model in o.models]
 
 
 def register(subparsers) -> None:
@@ -88,7 +102,35 @@ def register(subparsers) -> None:
             title = f"model options (--model {' or '.join(takers)})"
             groups[takers] = p.add_argument_group(title)
         add_field_argument(groups[takers], option.name, option.type, _help(option))
+    p.prepare = add_plugin_model_flags
     p.set_defaults(func=run)
+
+
+def add_plugin_model_flags(parser: argparse.ArgumentParser, args: list[str]) -> None:
+    """`--model NAME` naming an installed plugin's model: register it (importing it) and add the fields of its config
+    as flags, in place of the built-in models' flags of the same names. A plugin that cannot be loaded, or a field
+    that clashes with a TrainConfig flag, is the parser's one-line error."""
+    name = next((v for flag, v in itertools.pairwise(args) if flag == "--model"), None)
+    name = next((a.split("=", 1)[1] for a in args if a.startswith("--model=")), name)
+    if name is None or name in MODEL_CONFIGS:
+        return
+    from ..models.registry import MODELS
+
+    try:
+        model = MODELS.canonical(name)
+        options = model_options({model: MODELS[model].config_class}) if model not in MODEL_CONFIGS else {}
+    except PluginError as e:
+        parser.error(str(e))
+    except ConfigError:
+        return  # an unknown name: TrainConfig reports it, with the known ones
+    except TypeError as e:  # a field of its config has a TrainConfig flag's name
+        parser.error(f"plugin model {name!r}: {e}")
+    if options:
+        parser.conflict_handler = "resolve"  # its fields replace the built-in models' flags of the same names
+        group = parser.add_argument_group(f"model options (--model {model}, a plugin)")
+        for option in options.values():
+            add_field_argument(group, option.name, option.type, _help(option))
+        parser.set_defaults(plugin_options=list(options))
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Any]:
@@ -106,12 +148,12 @@ def configs_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Any]:
     config_class = MODELS[config.model].config_class
     takes = {f.name for f in dataclasses.fields(config_class)}
     old_keys = set(getattr(config_class, "_renamed_keys", {}))  # deprecated names a config file may still use
-    for name in model_options():
+    for name in model_flags(args):
         if getattr(args, name, None) is not None and name not in takes:
-            _reject(f"--{name.replace('_', '-')}", config.model)
+            _reject(f"--{name.replace('_', '-')}", config.model, config_class)
     for key in model_base:
         if key not in takes | old_keys:
-            _reject(f"{args.config_file}: model key {key!r}", config.model)
+            _reject(f"{args.config_file}: model key {key!r}", config.model, config_class)
     # The data set fills in the data fields (TrainConfig.image_size, a conversion, is not the model's image_size).
     model_args = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in DATA_FIELDS})
     return config, dataclass_from_args(config_class, model_args, model_base)
@@ -128,7 +170,7 @@ def resumed_from_args(args: argparse.Namespace, run_dir: Path) -> tuple[TrainCon
         raise ConfigError(f"{args.config_file}: 'model' must be a mapping")
     flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig) if f.init}
     given = {**base, **{k: list(v) if isinstance(v, tuple) else v for k, v in flags.items() if v is not None}}
-    options = {name: getattr(args, name, None) for name in model_options()}
+    options = {name: getattr(args, name, None) for name in model_flags(args)}
     model_given = {**model_base, **{k: v for k, v in options.items() if v is not None and k not in DATA_FIELDS}}
     return resumed_configs(run_dir, given, model_given, style="flag")
 
@@ -141,8 +183,14 @@ def _single_folder(dataset: str) -> bool:
     return path.is_dir() and folder.detect(path) and folder.split_dirs(path)[1] is None
 
 
-def _reject(what: str, model: str) -> None:
-    raise ConfigError(f"{what} is not an option of --model {model} (it takes: {', '.join(flags_of(model))})")
+def model_flags(args: argparse.Namespace) -> list[str]:
+    """The names of the model flags the parser has: the models' of capsnet.configs, and a plugin model's."""
+    return list(dict.fromkeys([*model_options(), *getattr(args, "plugin_options", [])]))
+
+
+def _reject(what: str, model: str, config_class: type) -> None:
+    plugin = None if model in MODEL_CONFIGS else config_class
+    raise ConfigError(f"{what} is not an option of --model {model} (it takes: {', '.join(flags_of(model, plugin))})")
 
 
 def run_folder(args: argparse.Namespace) -> Path:

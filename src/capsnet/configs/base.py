@@ -1,5 +1,5 @@
-"""What the model configs share, torch-free: the routing names, the recorded-data fields every model config
-inherits, the shape arithmetic their checks use, and the registry of model configs by model name.
+"""What the model configs share, torch-free: the recorded-data fields every model config inherits, EM routing's
+constants, the shape arithmetic their checks use, and the registry of model configs by model name.
 
 May import: the foundation modules only (errors, limits). Every layer may import it.
 """
@@ -13,19 +13,11 @@ from typing import Any
 from ..errors import ConfigError, DatasetError
 from ..limits import MAX_IMAGE_SIDE
 
-# `--routing` name -> (paper, one-line equation summary); the layers are built by capsnet.models.capsnet.
-ROUTINGS: dict[str, tuple[str, str]] = {
-    "dynamic": ("Sabour, Frosst & Hinton, NeurIPS 2017",
-                "c = softmax_j(b); s_j = Σ_i c_ij û_j|i; v = squash(s); b += û·v, r iterations"),
-    "self-attention": ("Mazzia, Salvetti & Chiaberge, Sci. Rep. 2021 (Efficient-CapsNet)",
-                       "c = softmax_j(Σ_k Û_j Û_jᵀ/√d); s_j = Σ_i û_ij (c_ij + b_ij); v = (1 − e^−|s|) s/|s|"),
-    "inverted-attention": ("Tsai, Srivastava, Goh & Salakhutdinov, ICLR 2020",
-                           "p_j = 0; r = softmax_j(p_jᵀ v_ij); p_j = LayerNorm(Σ_i r_ij v_ij), r iterations"),
-    "self-routing": ("Hahn, Pyeon & Kim, NeurIPS 2019",
-                     "c = softmax_j(W_route u_i); a_j = Σ c a_i / Σ a_i; u_j = Σ c a_i û / Σ c a_i"),
-}  # fmt: skip
-
 FINAL_LAMBDA = 0.01  # λ_final: the authors' value (OpenReview reply; Gritzman 2019)
+# EM routing's σ² floor where capsnet trains it: 1e-2, not the official code's 5e-4 (routing.em.MIN_VAR): the gradient
+# through the E-step grows as 1/σ², and on the bundled sample r = 3 learned only with the larger floor
+# (docs/benchmarks.md, EM routing).
+TRAINED_MIN_VAR = 1e-2
 
 
 @dataclass(kw_only=True)

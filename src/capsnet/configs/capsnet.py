@@ -10,13 +10,13 @@ from typing import ClassVar, Literal
 
 from ..errors import ConfigError
 from .base import (
-    ROUTINGS,
     RecordedData,
     check_loss_options,
     conv_output_size,
     image_hw,
     register_config,
 )
+from .routings import DEFAULT_ROUTING, ROUTINGS, RoutingRecord, routing_help, routing_record
 
 
 @dataclass
@@ -45,13 +45,12 @@ class CapsNetConfig(RecordedData):
     primary_types: int = field(default=32, metadata={"help": "primary capsule types"})
     primary_dim: int = field(default=8, metadata={"help": "primary capsule dimension"})
     class_dim: int = field(default=16, metadata={"help": "class capsule dimension"})
-    routing_iterations: int = field(default=3, metadata={"help": "routing iterations r"})
-    routing: Literal["dynamic", "self-attention", "inverted-attention", "self-routing"] = field(
-        default="dynamic",
-        metadata={"help": "routing of the class capsules: dynamic (Sabour et al. 2017), self-attention "
-                  "(Efficient-CapsNet, Mazzia et al. 2021), inverted-attention (Tsai et al. 2020) or "
-                  "self-routing (Hahn et al. 2019)"},
+    routing_iterations: int | None = field(
+        default=None,
+        metadata={"help": "routing iterations r (default: the routing's own, e.g. dynamic 3, inverted-attention 2; "
+                  "ignored by a routing that does not iterate)"},
     )  # fmt: skip
+    routing: str = field(default=DEFAULT_ROUTING, metadata={"help": routing_help()})
     detach_votes: bool = field(
         default=False, metadata={"help": "stop gradients through the votes in all but the last routing iteration"}
     )
@@ -114,6 +113,9 @@ class CapsNetConfig(RecordedData):
     _renamed_keys: ClassVar[dict[str, str]] = {"digit_dim": "class_dim"}
 
     def __post_init__(self) -> None:
+        record = routing_record(self.routing)  # (a plugin's routing is loaded here)
+        if self.routing_iterations is None:
+            self.routing_iterations = record.iterations or 1
         ints = (
             "in_channels",
             "conv_channels",
@@ -138,18 +140,28 @@ class CapsNetConfig(RecordedData):
         self.decoder_hidden = tuple(self.decoder_hidden)
         check_loss_options(self)
         self._check_recorded(self.n_classes)
-        dynamic_only = self.leaky_routing or self.capsule_bias or self.coupling != "outputs"
-        if dynamic_only and self.routing != "dynamic":
-            raise ConfigError("leaky_routing, capsule_bias and coupling are options of dynamic routing "
-                              "(routing='dynamic')")  # fmt: skip
+        self._check_routing_options(record)
         if self.coupling == "inputs" and self.leaky_routing:
             raise ConfigError("leaky routing is a softmax over the outputs: it needs coupling='outputs'")
-        if self.routing not in ROUTINGS:
-            raise ConfigError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTINGS)}")
         if min(self.primary_hw) < 1:
             k, (h, w) = self.kernel_size, image_hw(self.image_size)
             raise ConfigError(f"images of {h}x{w} are too small for two {k}x{k} {self.padding} convolutions "
                               f"(conv1 stride {self.conv1_stride}, primary stride 2)")  # fmt: skip
+
+    def _check_routing_options(self, record: RoutingRecord) -> None:
+        """ConfigError for a routing option (a field some routing's record lists) that `record`'s routing does not
+        take, set to other than its default; or a class capsule size the routing cannot route to."""
+        fields = self.__dataclass_fields__
+        given = [name for name in routing_options() if getattr(self, name) != fields[name].default]
+        foreign = [name for name in given if name not in record.options]
+        if foreign:
+            takers = [r.name for r in ROUTINGS.values() if all(name in r.options for name in foreign)]
+            whose = f"options of {', '.join(takers)} routing (routing='{takers[0]}')" if takers else "not options"
+            raise ConfigError(f"{', '.join(foreign)}: {whose}, not of routing {self.routing!r}")
+        if record.out_dims and self.class_dim not in record.out_dims:
+            raise ConfigError(f"routing {self.routing!r} routes to class capsules of "
+                              f"{' or '.join(map(str, record.out_dims))} dimensions: --class-dim "
+                              f"{record.out_dims[0]}, not {self.class_dim}")  # fmt: skip
 
     @property
     def primary_hw(self) -> tuple[int, int]:
@@ -170,6 +182,11 @@ class CapsNetConfig(RecordedData):
     def n_primary(self) -> int:
         h, w = self.primary_hw
         return self.primary_types * h * w
+
+
+def routing_options() -> list[str]:
+    """The CapsNetConfig fields that some routing takes and others do not (the built-in records' options)."""
+    return list(dict.fromkeys(name for record in ROUTINGS.values() for name in record.options))
 
 
 register_config("capsnet", CapsNetConfig)

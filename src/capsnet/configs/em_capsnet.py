@@ -11,6 +11,7 @@ from typing import Literal
 from ..errors import ConfigError
 from .base import (
     FINAL_LAMBDA,
+    TRAINED_MIN_VAR,
     RecordedData,
     register_config,
 )
@@ -32,10 +33,9 @@ class EMCapsNetConfig(RecordedData):
     final_lambda: float = field(
         default=FINAL_LAMBDA, metadata={"help": "EM inverse temperature: lambda_t = final_lambda (1 - 0.95^(t+1))"}
     )
-    # σ² floor: 1e-2, not the official code's 5e-4 (routing.em.MIN_VAR): the gradient through the E-step grows as
-    # 1/σ², and on the bundled sample r = 3 learned only with the larger floor (docs/benchmarks.md, EM routing).
     min_var: float = field(
-        default=1e-2, metadata={"help": "floor of the EM variances sigma^2 (bounds 1/sigma^2 in the gradients)"}
+        default=TRAINED_MIN_VAR,
+        metadata={"help": "floor of the EM variances sigma^2 (bounds 1/sigma^2 in the gradients)"},
     )
     centre_activations: bool = field(
         default=True, metadata={"help": "start beta_a so that half the capsules are active on the first batch"}

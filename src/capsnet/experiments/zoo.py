@@ -246,7 +246,7 @@ def cpu_name() -> str:
 
 def git_commit() -> str:
     """capsnet's git commit where it runs from a checkout, else its version."""
-    from .. import __version__
+    from .._version import __version__
 
     try:
         out = subprocess.run(

@@ -14,14 +14,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..configs.capsnet import CapsNetConfig
+from ..configs.routings import RoutingRecord, routing_record
 from ..nn.decoder import CapsuleDecoder
 from ..nn.losses import MarginLoss, capsule_lengths, margin_plus_reconstruction
 from ..nn.primary import PrimaryCapsules
 from ..nn.standardize import per_image_standardize
-from ..routing.dynamic import Router, default_weight_std
-from ..routing.inverted_attention import InvertedAttentionFC
-from ..routing.self_attention import SelfAttentionRouter
-from ..routing.self_routing import SelfRoutingFC
+from ..routing.base import RoutingOutput
+from ..routing.dynamic import Router
+from ..routing.registry import build_routing
 from .inputs import check_images, image_hw
 from .pretrained import Pretrained
 from .registry import register_model
@@ -72,8 +72,9 @@ class CapsNet(Pretrained, nn.Module):
             vote_scale=vote_scale,
             grouping=cfg.primary_grouping,
         )
-        self.class_caps = class_capsule_layer(cfg)
-        if cfg.routing == "inverted-attention":  # Tsai et al.'s classifier shared by the class capsules: pose -> logit
+        self.routing_record = routing_record(cfg.routing)
+        self.class_caps = class_capsule_layer(cfg, self.routing_record)
+        if self.routing_record.probability == "classifier":  # Tsai et al.'s, shared by the classes: pose -> logit
             self.class_logit = nn.Linear(cfg.class_dim, 1)
         self.decoder = (
             CapsuleDecoder(
@@ -112,7 +113,10 @@ class CapsNet(Pretrained, nn.Module):
         check_images(images, channels=self.config.in_channels, size=self.config.image_size, model="CapsNet")
         x = per_image_standardize(images) if self.config.standardize else images
         u = self.primary(F.relu(self.conv1(x)))  # primary capsules u_i  [B, 1152, 8]
-        routed = self.class_caps(u, *routing_inputs(self.config, u), return_weights=True)
+        routed = self.class_caps(u, *routing_inputs(self.routing_record, u), return_weights=True)
+        if not isinstance(routed, RoutingOutput):
+            raise TypeError(f"routing {self.config.routing!r} returned a {type(routed).__name__} for "
+                            "return_weights=True, not a capsnet.routing.base.RoutingOutput")  # fmt: skip
         v, c = routed.capsules, routed.weights  # class capsules v_j  [B, 10, 16], weights c_ij  [B, 1152, 10]
         lengths = self._class_probabilities(routed)  # |v_j| for dynamic routing  [B, 10]
         predictions = lengths.argmax(dim=1)
@@ -124,13 +128,17 @@ class CapsNet(Pretrained, nn.Module):
             recon = self.decoder(v, labels if use_labels else predictions)
         return CapsNetOutput(v, lengths, predictions, recon, c if return_coupling else None)
 
-    def _class_probabilities(self, routed) -> torch.Tensor:
-        """Each class capsule's probability in [0, 1], as the margin loss needs it: the length of a squashed
-        capsule (dynamic, self-attention), the parent activation (self-routing), or, for inverted attention, whose
-        LayerNorm'd poses all have about the same length, a sigmoid of Tsai et al.'s shared linear classifier."""
-        if self.config.routing == "self-routing":
+    def _class_probabilities(self, routed: RoutingOutput) -> torch.Tensor:
+        """Each class capsule's probability in [0, 1], as the margin loss needs it, read as the routing's record
+        says (capsnet.configs.routings.Probability): the length of a squashed capsule (dynamic, self-attention),
+        the parent activation (self-routing, EM), or, for inverted attention, whose LayerNorm'd poses all have
+        about the same length, a sigmoid of Tsai et al.'s shared linear classifier."""
+        rule = self.routing_record.probability
+        if rule == "activation":
+            if routed.activations is None:
+                raise TypeError(f"routing {self.config.routing!r} declares activations but returned none")
             return routed.activations
-        if self.config.routing == "inverted-attention":
+        if rule == "classifier":
             return torch.sigmoid(self.class_logit(routed.capsules).squeeze(-1))
         return capsule_lengths(routed.capsules)
 
@@ -145,20 +153,13 @@ class CapsNet(Pretrained, nn.Module):
                                           reduction=self.config.recon_reduction)  # fmt: skip
 
 
-def class_capsule_layer(cfg: CapsNetConfig) -> nn.Module:
-    """The routing layer from the primary to the class capsules that `cfg.routing` names."""
-    sizes = (cfg.n_primary, cfg.n_classes, cfg.primary_dim, cfg.class_dim)
-    std = default_weight_std(cfg.n_primary) if cfg.router_init_std is None else cfg.router_init_std
-    if cfg.routing == "self-attention":  # the fan-in rule of Router: s_j sums 1152 votes (Efficient-CapsNet: 16)
-        return SelfAttentionRouter(*sizes, weight_std=std)
-    if cfg.routing == "inverted-attention":
-        return InvertedAttentionFC(*sizes, cfg.routing_iterations)
-    if cfg.routing == "self-routing":
-        return SelfRoutingFC(*sizes)
-    official = cfg.router_init_std is None and cfg.init == "official"  # official_init draws W_ij at OFFICIAL_STD
-    return Router(*sizes, cfg.routing_iterations, detach_votes=cfg.detach_votes,
-                  weight_std=OFFICIAL_STD if official else cfg.router_init_std,
-                  leaky=cfg.leaky_routing, bias=cfg.capsule_bias, coupling=cfg.coupling)  # fmt: skip
+def class_capsule_layer(cfg: CapsNetConfig, record: RoutingRecord) -> nn.Module:
+    """The routing layer from the primary to the class capsules that `cfg.routing` names (its `record` in the
+    routing registry), with the options of cfg that the record lists."""
+    options = {keyword: getattr(cfg, name) for name, keyword in record.options.items()}
+    assert cfg.routing_iterations is not None  # (CapsNetConfig resolves it)
+    return build_routing(cfg.routing, in_caps=cfg.n_primary, out_caps=cfg.n_classes, in_d=cfg.primary_dim,
+                         out_d=cfg.class_dim, iterations=cfg.routing_iterations, **options)  # fmt: skip
 
 
 OFFICIAL_STD = 0.1  # the official code's `weight_variable` std (conv1: 0.05)
@@ -167,8 +168,8 @@ OFFICIAL_STD = 0.1  # the official code's `weight_variable` std (conv1: 0.05)
 @torch.no_grad()
 def official_init(model: CapsNet) -> None:
     """The official TensorFlow code's initialisation: `tf.truncated_normal_initializer` (cut at 2 std) with std 0.05
-    for conv1 and 0.1 for the primary kernel, the decoder and (dynamic routing, unless router_init_std is given)
-    W_ij; `tf.constant_initializer(0.1)` for every bias."""
+    for conv1 and 0.1 for the primary kernel, the decoder and (dynamic routing) W_ij, unless router_init_std gives
+    its std; `tf.constant_initializer(0.1)` for every bias."""
 
     def truncated(w: torch.Tensor, std: float) -> None:
         nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
@@ -180,12 +181,14 @@ def official_init(model: CapsNet) -> None:
         nn.init.constant_(cast(torch.Tensor, m.bias), 0.1)
     router = model.class_caps
     if isinstance(router, Router):
+        if model.config.router_init_std is None:
+            router.weight_std = OFFICIAL_STD
         truncated(router.weight, router.weight_std)
         if router.bias is not None:
             nn.init.constant_(router.bias, 0.1)
 
 
-def routing_inputs(cfg: CapsNetConfig, u: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Input activations for the routing layer: self-routing weighs each primary capsule by its length |u_i|
-    (the squashed capsule's probability of presence); the other methods take none."""
-    return (capsule_lengths(u),) if cfg.routing == "self-routing" else ()
+def routing_inputs(record: RoutingRecord, u: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Input activations for the routing layer: a routing with activations (self-routing, EM) weighs each primary
+    capsule by its length |u_i| (the squashed capsule's probability of presence); the others take none."""
+    return (capsule_lengths(u),) if record.activations else ()

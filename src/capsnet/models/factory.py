@@ -6,6 +6,7 @@ import dataclasses
 import fnmatch
 import os
 import sys
+import warnings
 from typing import Any
 
 import torch
@@ -76,7 +77,10 @@ __all__ = ["create_model"]
 
 
 def list_models(pattern: str = "*", *, pretrained: bool = False) -> list[str]:
-    """The registered model names, sorted: those matching the shell-style `pattern` (e.g. "*capsnet"), and with
-    `pretrained=True` only those with shipped weights (:func:`capsnet.models.hub.shipped_tags`)."""
+    """The registered model names, installed plugins' included, sorted: those matching the shell-style `pattern`
+    (e.g. "*capsnet"), and with `pretrained=True` only those with shipped weights
+    (:func:`capsnet.models.hub.shipped_tags`). A plugin that fails to load is a warning naming it."""
+    for line in MODELS.load_plugins():
+        warnings.warn(line, stacklevel=2)
     names = sorted(n for n in MODELS if fnmatch.fnmatchcase(n, pattern))
     return [n for n in names if shipped_tags(n)] if pretrained else names

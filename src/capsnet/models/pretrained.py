@@ -92,6 +92,9 @@ class Pretrained(_ModuleBase):
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         atomic_write_bytes(directory / WEIGHTS_NAME, save(state, metadata={"format": "pt"}))
         meta = {"model_type": self.model_type, "capsnet_version": __version__, "config": to_dict(self.config)}
+        plugins = plugin_distributions(self)
+        if plugins:  # named again if the folder is loaded where they are not installed
+            meta["plugins"] = plugins
         if metadata is not None:
             meta["checkpoint"] = metadata
         atomic_write_json(directory / CONFIG_NAME, meta)
@@ -107,12 +110,18 @@ class Pretrained(_ModuleBase):
         `overrides` change config fields that leave the weights' shapes alone (e.g. `routing_iterations`); one that
         changes the architecture, or a field recorded from the training data (DATA_FIELDS), is a ConfigError."""
         directory, source = _folder(directory)
-        model_type, saved = _read_config(directory)
-        target = cls if model_type == getattr(cls, "model_type", None) else _registered(model_type, directory)
-        if cls is not Pretrained and not issubclass(target, cls):
-            raise CheckpointError(f"{directory}: holds a {model_type!r} model, not a {cls.__name__}")
-        saved = {**target.saved_defaults, **saved}
-        config: Any = from_dict(target.config_class, saved, what=f"{directory}/{CONFIG_NAME}")
+        model_type, saved, plugins = _read_config(directory)
+        try:
+            target = cls if model_type == getattr(cls, "model_type", None) else _registered(model_type, directory)
+            if cls is not Pretrained and not issubclass(target, cls):
+                raise CheckpointError(f"{directory}: holds a {model_type!r} model, not a {cls.__name__}")
+            saved = {**target.saved_defaults, **saved}
+            config: Any = from_dict(target.config_class, saved, what=f"{directory}/{CONFIG_NAME}")
+        except (CheckpointError, ConfigError) as e:
+            if not plugins:
+                raise
+            used = ", ".join(plugins)
+            raise type(e)(f"{e} (the folder was saved with the plugin distribution {used}: is it installed?)") from None
         if overrides:
             config = _override(target, config, overrides)
         check_model_size(target, config, f"{directory}/{CONFIG_NAME}")
@@ -192,13 +201,14 @@ def check_model_size(target: type, config: Any, where: str) -> None:
 
 
 def _registered(model_type: str, directory: Path) -> type[Pretrained]:
-    """The registered model class of `model_type` (a name or an alias); CheckpointError naming the known ones."""
+    """The registered model class of `model_type` (a name, an alias or an installed plugin's model);
+    CheckpointError naming the known ones, or the missing plugin, otherwise."""
     from .registry import MODELS
 
-    if model_type not in MODELS:
-        known = sorted([*MODELS, *(a for name in MODELS for a in MODELS.aliases(name))])
-        raise CheckpointError(f"{directory}/{CONFIG_NAME}: unknown model_type {model_type!r}; known: {known}")
-    return MODELS[model_type]
+    try:
+        return MODELS[MODELS.canonical(model_type)]
+    except ConfigError as e:
+        raise CheckpointError(f"{directory}/{CONFIG_NAME}: model_type {model_type!r}: {e}") from None
 
 
 def _override(target: type[Pretrained], config: Any, overrides: dict[str, Any]) -> Any:
@@ -235,7 +245,17 @@ def _first_problems(message: str, keep: int = 2) -> str:
     return "; ".join(problems[:keep]) + more
 
 
-def _read_config(directory: Path) -> tuple[str, dict[str, Any]]:
+def plugin_distributions(model: Any) -> list[str]:
+    """The installed plugin distributions ("name version") whose code `model` runs: those that declare a capsnet
+    entry point (capsnet.plugins) and provide the module of one of its layers' classes."""
+    from ..plugins import plugin_modules
+
+    owners = plugin_modules()
+    packages = {type(layer).__module__.split(".")[0] for layer in model.modules()}
+    return sorted({owners[p] for p in packages if p in owners})
+
+
+def _read_config(directory: Path) -> tuple[str, dict[str, Any], list[str]]:
     path = directory / CONFIG_NAME
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not a folder{lightning_hint(directory)}")
@@ -253,7 +273,8 @@ def _read_config(directory: Path) -> tuple[str, dict[str, Any]]:
         raise CheckpointError(f"{path}: expected keys 'model_type' and 'config'{hint}")
     if not isinstance(meta["model_type"], str):
         raise CheckpointError(f"{path}: model_type must be a string, got {type(meta['model_type']).__name__}")
-    return meta["model_type"], meta["config"]
+    plugins = meta.get("plugins", [])
+    return meta["model_type"], meta["config"], [str(p) for p in plugins] if isinstance(plugins, list) else []
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:

@@ -2,19 +2,21 @@
 
 Every fully connected routing layer follows :class:`capsnet.routing.base.RoutingLayer`: `layer(u, a=None, *,
 return_weights=False)` maps u [B, n_in, d_in] to [B, n_out, d_out], or to a :class:`RoutingOutput` (capsules,
-weights, activations). :data:`ROUTINGS` names them for `CapsNetConfig.routing` / `--routing`. Where a layer has a
+weights, activations). The routing registry (:data:`ROUTINGS`, :mod:`capsnet.configs.routings`) has one record per
+routing, and :func:`capsnet.routing.registry.build_routing` builds a layer by name. Where a layer has a
 C++ CPU kernel, :func:`set_backend` ("auto", "cpp" or "torch"; :mod:`capsnet.routing.backend`) chooses whether it
 runs, globally, per model or per layer (`layer.backend`).
 
 May import: capsnet.nn and the foundation modules (errors, fileio, config); never models, data or above.
 """
 
-from ..configs.base import ROUTINGS
+from ..configs.routings import ROUTINGS
 from .backend import BACKENDS, get_backend, set_backend, use_backend
 from .base import RoutingLayer, RoutingOutput, weight_spread
 from .dynamic import Router, RoutingResult, default_weight_std, dynamic_routing, route_votes
 from .dynamic_fast import fast_dynamic_routing
 from .em import EMResult, em_routing
+from .em_fc import EMRoutingFC
 from .inverted_attention import InvertedAttentionConv, InvertedAttentionFC, concurrent_routing
 from .matrix_capsules import ClassCaps, ConvCaps, PrimaryMatrixCaps
 from .self_attention import SelfAttentionRouter, self_attention_routing
@@ -26,6 +28,7 @@ __all__ = [
     "ClassCaps",
     "ConvCaps",
     "EMResult",
+    "EMRoutingFC",
     "InvertedAttentionConv",
     "InvertedAttentionFC",
     "PrimaryMatrixCaps",

@@ -121,7 +121,11 @@ class TrainConfig:
     resume: bool = field(default=False, metadata={"help": "continue the run in --out from its last checkpoint"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     tensorboard: bool = field(default=True, metadata={"help": "write TensorBoard scalars when installed"})
-    model: str = field(default="capsnet", metadata={"help": f"the network: {', '.join(MODEL_CONFIGS)}"})
+    model: str = field(
+        default="capsnet",
+        metadata={"help": f"the network: {', '.join(MODEL_CONFIGS)}, or an installed plugin's (entry point group "
+                  "capsnet.models; `capsnet models` lists them)"},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         from ..models.registry import MODELS  # (torch: the parser reads these fields without it)

@@ -51,6 +51,7 @@ def capsnet_bytes(cfg, batch: int, device_type: str = "cuda") -> int | None:
     h1, w1 = _conv(h, k, stride, pad), _conv(w, k, stride, pad)
     h2, w2 = _conv(h1, k, 2, pad), _conv(w1, k, 2, pad)
     n_in, n_out, r = cfg.primary_types * h2 * w2, cfg.n_classes, cfg.routing_iterations
+    assert r is not None  # (CapsNetConfig resolves it to the routing's own)
     d_in, d_out = cfg.primary_dim, cfg.class_dim
     conv_params = (cfg.in_channels + cfg.primary_types * d_in) * cfg.conv_channels * k * k
     route_params = n_in * n_out * d_in * d_out

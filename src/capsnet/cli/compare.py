@@ -1,0 +1,102 @@
+"""`capsnet compare`: the paper's CapsNet with each of `--routings` and each of `--models` (built-in or installed
+plugins), trained with the same data, budget and seeds, then measured alike (capsnet.experiments.compare).
+
+The shared settings are `capsnet train`'s flags (SHARED; their help is TrainConfig's); every other setting is each
+entry's own default. The parser is torch-free; the names are checked (plugins loaded) before anything trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+from ..config import add_field_argument, field_default, parse_json
+from ..configs.routings import fully_connected
+from ..errors import ConfigError
+from ..training.config import TrainConfig
+
+# The TrainConfig fields every entry shares, as `capsnet train`'s flags.
+SHARED = ("dataset", "data_dir", "epochs", "train_subset", "test_subset", "val_fraction", "batch_size", "device",
+          "precision")  # fmt: skip
+DEFAULT_OUT = "runs/compare"
+
+
+def _names(text: str) -> list[str]:
+    """ "a,b, c" -> ["a", "b", "c"]."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected comma-separated names")
+    return names
+
+
+def _option(text: str) -> tuple[str, Any]:
+    """ "conv-channels=16" -> ("conv_channels", 16): the value is JSON where it parses, else a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    name = key.strip().replace("-", "_")
+    try:
+        return name, parse_json(value, "--option")
+    except ConfigError:
+        return name, value
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "compare",
+        description="Train the paper's CapsNet with each routing of --routings and each model of --models (built in "
+        "or installed plugins) on the same data with the same epochs and seeds, each with its own defaults; then "
+        "report each validation-chosen checkpoint's test accuracy, its accuracy on affine-transformed test images, "
+        "parameters, training and inference img/s, peak memory and routing activity, as a Markdown table "
+        "(OUT/compare.md) and rows of the results data (OUT/results.csv).",
+    )
+    p.add_argument("--routings", type=_names, default=None,
+                   help=f"comma-separated --routing names for the paper's CapsNet: {', '.join(fully_connected())} or "
+                   "an installed plugin's (neither --routings nor --models: every built-in routing and every "
+                   "registered model)")  # fmt: skip
+    p.add_argument("--models", type=_names, default=None,
+                   help="comma-separated --model names, each with its defaults: `capsnet models` lists them, "
+                   "installed plugins' included")  # fmt: skip
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    hints = typing.get_type_hints(TrainConfig)
+    group = p.add_argument_group("the settings every entry shares (as capsnet train's)")
+    for name in SHARED:
+        text = fields[name].metadata.get("help", "")
+        if "(default" not in text:
+            text = f"{text} (default: {field_default(fields[name])})"
+        add_field_argument(group, name, hints[name], text)
+    group.add_argument("--seed", type=int, nargs="+", default=[fields["seed"].default], metavar="SEED",
+                       help="seeds: each entry trains once per seed; the rows give each seed's test accuracy, their "
+                       f"mean and std (default: {fields['seed'].default})")  # fmt: skip
+    group.add_argument("--option", type=_option, action="append", default=[], metavar="NAME=VALUE",
+                       help="a model config field (JSON value) for every entry whose config has it, e.g. "
+                       "--option conv_channels=64 (repeatable)")  # fmt: skip
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"folder of the runs and reports (default: {DEFAULT_OUT})")
+    p.add_argument("--infer-batch", type=int, default=100, help="batch of the batched inference speed (default: 100)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..experiments.compare import TABLE_NAME, compare, entries, train_settings
+
+    if args.infer_batch < 1:
+        raise ConfigError(f"--infer-batch must be >= 1, got {args.infer_batch}")
+    settings = train_settings({name: getattr(args, name) for name in SHARED})
+    found = entries(args.routings, args.models, dict(args.option))
+    Path(args.out).mkdir(parents=True, exist_ok=True)  # (a path that cannot be a folder: one line, nothing trained)
+    command = shlex.join(["capsnet", *sys.argv[1:]]) if sys.argv[1:2] == ["compare"] else "capsnet compare"
+    print(f"capsnet compare: {len(found)} entries x {len(args.seed)} seeds: {', '.join(e.label for e in found)}",
+          flush=True)  # fmt: skip
+    rows, failed = compare(found, settings=settings, seeds=args.seed, out=args.out, command=command,
+                           infer_batch=args.infer_batch, echo=lambda line: print(line, flush=True))  # fmt: skip
+    if rows:
+        print("\n" + (Path(args.out) / TABLE_NAME).read_text(encoding="utf-8"))
+    for line in failed:
+        print(f"capsnet compare: {line}", file=sys.stderr)
+    print(f"rows in {args.out}/results.csv, the table in {args.out}/compare.md")
+    return 1 if failed else 0
