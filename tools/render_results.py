@@ -20,7 +20,7 @@ TARGETS = ("README.md", "docs/results.md")
 
 def rendered(root: Path = ROOT) -> dict[Path, tuple[str, str]]:
     """Each target file: (its text, its text with the tables made from root/results)."""
-    tables = render_all(load(root / "results"), list(MODELS), shipped_tags)
+    tables = render_all(load(root / "results"), list(MODELS), shipped_tags, lambda name: MODELS[name].paper)
     out = {}
     for name in TARGETS:
         path = root / name

@@ -52,16 +52,16 @@ def _by_model(rows: Iterable[Row], precision: str | None = None) -> dict[str, Ro
     return out
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    align = [
-        "---" if i == 0 else "---:" if h.endswith(("%", "s", "MiB", "parameters")) else "---"
-        for i, h in enumerate(header)
-    ]
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+def _table(header: list[str], rows: list[list[str]], align: str) -> str:
+    """A Markdown table; `align` has one letter per column: l (left) or r (right, numbers)."""
+    rule = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |"]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def models_table(data: dict[str, list[Row]], models: list[str], shipped: Callable[[str], list[str]]) -> str:
+def models_table(
+    data: dict[str, list[Row]], models: list[str], shipped: Callable[[str], list[str]], paper: Callable[[str], str]
+) -> str:
     """The README's table: one line per registered model."""
     sample, fashion, cost = _by_model(data["sample"]), _by_model(data["fashion-mnist"]), _by_model(data["cost"])
     lines = []
@@ -71,6 +71,7 @@ def models_table(data: dict[str, list[Row]], models: list[str], shipped: Callabl
         lines.append(
             [
                 f"`{name}`",
+                paper(name),
                 f"{params:,}" if params else "—",
                 ", ".join(f"`{t}`" for t in shipped(name)) or "—",
                 _pct(s),
@@ -81,6 +82,7 @@ def models_table(data: dict[str, list[Row]], models: list[str], shipped: Callabl
         )
     header = [
         "`--model`",
+        "paper",
         "parameters",
         "shipped weights",
         "bundled sample, test %",
@@ -88,7 +90,7 @@ def models_table(data: dict[str, list[Row]], models: list[str], shipped: Callabl
         "Fashion-MNIST, test %",
         "train img/s",
     ]
-    return _table(header, lines)
+    return _table(header, lines, "llrlrrrr")
 
 
 def accuracy_table(rows: list[Row]) -> str:
@@ -118,7 +120,7 @@ def accuracy_table(rows: list[Row]) -> str:
         "affine test %",
         "command",
     ]
-    return _table(header, lines)
+    return _table(header, lines, "lrrrlrlrl")
 
 
 def cost_table(rows: list[Row]) -> str:
@@ -148,7 +150,7 @@ def cost_table(rows: list[Row]) -> str:
         "peak MiB",
         "CPU",
     ]
-    return _table(header, lines)
+    return _table(header, lines, "llrrrrrl")
 
 
 def trainability_table(rows: list[Row]) -> str:
@@ -156,13 +158,15 @@ def trainability_table(rows: list[Row]) -> str:
     cell = {(r.model, r.benchmark.removeprefix("trainability:")): r for r in rows}
     models = list(dict.fromkeys(r.model for r in rows))
     lines = [[f"`{m}`", *(_pct(cell.get((m, c))) for c in cases)] for m in models]
-    return _table(["model", *(f"{c}, test %" for c in cases)], lines)
+    return _table(["model", *(f"{c}, test %" for c in cases)], lines, "l" + "r" * len(cases))
 
 
-def render_all(data: dict[str, list[Row]], models: list[str], shipped: Callable[[str], list[str]]) -> dict[str, str]:
+def render_all(
+    data: dict[str, list[Row]], models: list[str], shipped: Callable[[str], list[str]], paper: Callable[[str], str]
+) -> dict[str, str]:
     """Every table by its marker name."""
     return {
-        "models": models_table(data, models, shipped),
+        "models": models_table(data, models, shipped, paper),
         "sample": accuracy_table(data["sample"]),
         "fashion-mnist": accuracy_table(data["fashion-mnist"]),
         "cost": cost_table(data["cost"]),

@@ -3,7 +3,8 @@
 Each case is easy for a person and for a small CNN, and each one stresses what one's own data differs in from
 MNIST: colour and a background that is not black, another size, few or many classes, few images.
 
-    shapes      3 classes (circle, square, triangle), 32×32 RGB: random colours, sizes and positions
+    shapes      3 classes (circle, square, triangle), 32×32 RGB: random colours (of a plain contrast), sizes and
+                positions
     two-shapes  2 classes (circle, square), otherwise as shapes
     shapes-20   20 classes: 5 shapes × 4 hues, 32×32 RGB on a random grey
     color-digits  10 classes: the bundled MNIST digits, 28×28 RGB, ink and paper in random colours
@@ -54,11 +55,16 @@ def shape_mask(shape: str, size: int, cx: float, cy: float, r: float) -> np.ndar
     raise ValueError(f"unknown shape {shape!r}")
 
 
+LUMA = np.array([0.299, 0.587, 0.114])  # Rec. 601 luma weights of R, G, B
+MIN_CONTRAST = 64  # the least luma difference between a shape and its background: a quarter of the range
+
+
 def _distinct_colours(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(background, foreground) RGB colours at least 150 apart (sum of channel differences)."""
+    """(background, foreground): random RGB colours whose luma differs by at least MIN_CONTRAST, so that the shape
+    is plain to see (random hues of equal brightness are not: a person, and every model, finds those hard)."""
     while True:
         bg, fg = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
-        if np.abs(bg - fg).sum() >= 150:
+        if abs(float(LUMA @ (bg - fg))) >= MIN_CONTRAST:
             return bg, fg
 
 
