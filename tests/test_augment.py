@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from capsnet.data import random_affine, random_shift
-from capsnet.data.augment import affine_warp, place_on_canvas
+from capsnet.data.augment import affine_warp, border_fill, place_on_canvas
+from capsnet.data.datasets import load_dataset
 
 
 def blobs(b: int = 16, size: int = 28) -> torch.Tensor:
@@ -38,12 +39,44 @@ def test_shift_moves_by_at_most_max_shift():
     assert len({tuple(d.tolist()) for d in delta}) > 10  # each image its own offset
 
 
-def test_shift_zero_pads_and_keeps_uint8():
+def test_shift_zero_fill_pads_with_zeros_and_keeps_uint8():
     x = torch.full((4, 1, 5, 5), 255, dtype=torch.uint8)
-    out = random_shift(x, 3, generator=torch.Generator().manual_seed(1))
+    out = random_shift(x, 3, generator=torch.Generator().manual_seed(1), fill="zero")
     assert out.dtype == torch.uint8 and out.shape == x.shape
     assert set(out.unique().tolist()) <= {0, 255}
     assert (out == 0).any()
+    with pytest.raises(ValueError, match="fill must be"):
+        random_shift(x, 3, fill="black")
+
+
+def test_shift_border_fill_continues_a_coloured_background():
+    # A coloured backdrop (per channel 200, 30, 90) with a dark square: what shifts in is the backdrop, never black.
+    x = torch.tensor([200, 30, 90], dtype=torch.uint8)[None, :, None, None].repeat(6, 1, 12, 12)
+    x[:, :, 4:8, 4:8] = 5
+    out = random_shift(x, 3, generator=torch.Generator().manual_seed(2))
+    assert out.dtype == torch.uint8
+    assert torch.equal(out.flatten(2).sum(2), x.flatten(2).sum(2))  # the square never clips: only backdrop moves
+    assert set(out[:, 0].unique().tolist()) == {5, 200} and set(out[:, 1].unique().tolist()) == {5, 30}
+
+
+def test_border_fill_is_the_median_of_the_outermost_ring():
+    x = torch.rand(3, 2, 7, 9)
+    for b in range(3):
+        for c in range(2):
+            img = x[b, c]
+            ring = torch.cat([img[0], img[-1], img[1:-1, 0], img[1:-1, -1]])
+            assert ring.numel() == 2 * 7 + 2 * 9 - 4
+            assert border_fill(x)[b, c] == ring.median()
+
+
+def test_border_fill_is_the_papers_zero_padding_on_every_bundled_digit():
+    data = load_dataset("mnist-sample")
+    digits = torch.cat([data.train.images, data.test.images])
+    assert digits.shape[0] == 8000 and (border_fill(digits) == 0).all()
+    x = digits[:256]
+    border = random_shift(x, 2, generator=torch.Generator().manual_seed(3))
+    zero = random_shift(x, 2, generator=torch.Generator().manual_seed(3), fill="zero")
+    assert torch.equal(border, zero)
 
 
 def test_shift_identity_and_determinism():
@@ -88,10 +121,15 @@ def test_affine_out_size_places_digit_on_canvas():
     assert torch.allclose(centre_of_mass(out), centre_of_mass(x) + 4, atol=1e-3)  # centred: (36-28)/2
 
 
-def _place_loop(x: torch.Tensor, top: list[int], left: list[int], height: int, width: int) -> torch.Tensor:
-    """The literal definition: canvas pixel (y, x) = image pixel (y - top, x - left) where that exists, else 0."""
+def _place_loop(
+    x: torch.Tensor, top: list[int], left: list[int], height: int, width: int, fill: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The literal definition: canvas pixel (y, x) = image pixel (y - top, x - left) where that exists, else the
+    image's fill [B, C] (0 without one)."""
     b, c, h, w = x.shape
     out = torch.zeros(b, c, height, width, dtype=x.dtype)
+    if fill is not None:
+        out += fill[:, :, None, None]
     for k in range(b):
         for y in range(height):
             for q in range(width):
@@ -114,9 +152,11 @@ def test_place_on_canvas_matches_the_literal_loop():
 
 def test_random_shift_is_a_placement_on_a_same_size_canvas():
     x = torch.rand(32, 1, 6, 9)
-    out = random_shift(x, 3, generator=torch.Generator().manual_seed(4))
+    out = random_shift(x, 3, generator=torch.Generator().manual_seed(4), fill="zero")
     dy, dx = torch.randint(-3, 4, (2, 32), generator=torch.Generator().manual_seed(4))  # the same draw
     assert torch.equal(out, _place_loop(x, dy.tolist(), dx.tolist(), 6, 9))
+    out = random_shift(x, 3, generator=torch.Generator().manual_seed(4))  # border fill: the canvas is each backdrop
+    assert torch.equal(out, _place_loop(x, dy.tolist(), dx.tolist(), 6, 9, fill=border_fill(x)))
 
 
 def test_affine_warp_identity_translation_and_canvas():

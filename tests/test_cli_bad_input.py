@@ -66,6 +66,7 @@ KINDS = {
     "image_size": "size",
     "pretrained": "pretrained",
     "weights": "file",
+    "results": "out",
     "repo": "hub repo",
     "revision": "hub revision",
 }
@@ -172,6 +173,8 @@ def _cases() -> list[Case]:
                 contexts = [("--model", model) for model in MODEL_OPTIONS[action.dest].models]
             if command == ("reproduce",) and action.dest == "affnist":
                 contexts = [("affnist",)]  # the experiment that reads it
+            if command == ("reproduce",) and action.dest in ("benchmark", "precision", "results"):
+                contexts = [("zoo",)]
             values = [v for v in BAD_VALUES[kind] if not (v == "0" and action.dest in ZERO_OK)]
             cases += [Case(command, action.dest, flag, value, context) for context in contexts for value in values]
             if kind == "out" and any(a.dest == "resume" for a in parser._actions) and command == ("train",):
@@ -279,7 +282,7 @@ def _argv(case: Case, parser: argparse.ArgumentParser, files: dict[str, Path], t
     keras = case.command[1:] in ((), ("efficient-capsnet",))
     weights = files["h5"] if keras else files["tmp"] / f"{case.command[1]}.pt"
     good = {"checkpoint": str(files["good"]), "images": str(files["png"]), "name_or_dir": "mnist-sample",
-            "experiment": "mnist", "out": out, "weights": str(weights)}  # fmt: skip
+            "experiment": "mnist", "out": out, "weights": str(weights), "results": str(tmp / "results")}  # fmt: skip
     argv: list[str] = [*case.command]
     positionals: list[str] = []
     groups = [{a.dest for a in g._group_actions} for g in parser._mutually_exclusive_groups]
@@ -289,12 +292,18 @@ def _argv(case: Case, parser: argparse.ArgumentParser, files: dict[str, Path], t
             continue
         if action.dest == case.dest:
             value = [bad]
+        elif case.context == ("zoo",) and action.dest in ("quick", "epochs", "batch_size", "dataset"):
+            # the zoo's budgets and data are its benchmark's own
+            continue
         elif action.dest in SAFE:
             value = SAFE[action.dest]
         elif action.dest == "dataset":  # a small set: quick to evaluate
             value = [str(files["data"])]
         elif action.dest in good and (
-            action.required or not action.option_strings or action.dest in ("out", "checkpoint")
+            action.required
+            or not action.option_strings
+            or action.dest in ("out", "checkpoint")
+            or (action.dest == "results" and case.context == ("zoo",))
         ):
             value = [good[action.dest]]
         else:
@@ -305,8 +314,8 @@ def _argv(case: Case, parser: argparse.ArgumentParser, files: dict[str, Path], t
             argv += value
         else:
             argv += [action.option_strings[-1], *value]
-    if case.command == ("reproduce",) and case.context == ("affnist",):
-        positionals = ["affnist"]
+    if case.command == ("reproduce",) and case.context in (("affnist",), ("zoo",)):
+        positionals = list(case.context)
         return [*argv, *positionals]
     return [*argv, *case.context, *positionals]
 

@@ -225,6 +225,8 @@ def test_rotate_and_zoom_augmentation():
     assert (r[:, 0, 10, 10] > 0.99).all() and not torch.allclose(r, x, atol=1e-3)
     spec = AugmentSpec.parse("rotate=15,zoom=0.9:1.1,shift=2")
     assert (spec.rotate, spec.zoom, spec.shift) == (15.0, (0.9, 1.1), 2) and AugmentSpec.parse(str(spec)) == spec
+    zero = AugmentSpec.parse("shift=2,zero-fill")
+    assert zero.zero_fill and not spec.zero_fill and AugmentSpec.parse(str(zero)) == zero
     out = spec(torch.rand(4, 1, 28, 28), gen(2))
     assert out.shape == (4, 1, 28, 28) and 0 <= out.min() <= out.max() <= 1
     for bad in ("rotate=-5", "zoom=1.2:1.1", "zoom=0:1", "rotate=x"):

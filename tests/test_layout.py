@@ -1,9 +1,10 @@
 """The package layout: which subpackage may import which, read from the source with ast (nothing is imported).
 
-Layers, bottom up: the foundation modules (errors, fileio, config, fetch, _lazy, plugins); configs (the model configs,
-torch-free: foundation only); nn; routing (nn); models (nn, routing); data (foundation only); training (models,
-data, nn, routing); experiments, viz and lightning (training and below; not each other); cli (anything). On top, the
-package's `__init__` (the public API) and `__main__`: nothing imports them.
+Layers, bottom up: the foundation modules (errors, fileio, config, fetch, _lazy, limits, plugins, results,
+results_tables); configs (the model configs, torch-free: foundation only); nn; routing (nn); models (nn, routing);
+data (foundation only); training (models, data, nn, routing); experiments, viz and lightning (training and below;
+not each other); cli (anything). On top, the package's `__init__` (the public API) and `__main__`: nothing imports
+them.
 """
 
 import ast
@@ -12,7 +13,18 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "capsnet"
-FOUNDATION = {"errors", "fileio", "config", "_version", "fetch", "_lazy", "limits", "plugins", "results"}
+FOUNDATION = {
+    "errors",
+    "fileio",
+    "config",
+    "_version",
+    "fetch",
+    "_lazy",
+    "limits",
+    "plugins",
+    "results",
+    "results_tables",
+}
 
 BELOW_TRAINING = {"foundation", "configs", "nn", "routing", "models", "data", "training"}
 MAY_IMPORT: dict[str, set[str]] = {

@@ -97,7 +97,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
 
 def test_fashion_options_are_refused_by_the_other_experiments(capsys):
     assert main(["reproduce", "mnist", "--seeds", "3"]) == 2
-    assert "--seeds: options of `capsnet reproduce fashion-mnist` only" in capsys.readouterr().err
+    assert "--seeds: options of `capsnet reproduce fashion-mnist` and `zoo` only" in capsys.readouterr().err
     assert main(["reproduce", "mnist", "--epochs", "0"]) == 2
     assert "--epochs must be >= 1, got 0" in capsys.readouterr().err
 

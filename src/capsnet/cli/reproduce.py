@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,10 +52,16 @@ def register(subparsers) -> None:
     )
     fm.add_argument("--seeds", type=int, default=None, help="seeds per model: --seed, --seed + 1, ... (default: 3)")
     zoo = p.add_argument_group("zoo (and --model, --seeds, --seed, --out, --device, --dataset as the data's folder)")
-    zoo.add_argument("--benchmark", default=None, help="sample (the bundled digits) or fashion-mnist (default sample)")
+    zoo.add_argument(
+        "--benchmark",
+        default=None,
+        choices=("sample", "fashion-mnist"),
+        help="sample (the bundled digits) or fashion-mnist (default sample)",
+    )
     zoo.add_argument(
         "--precision",
         default=None,
+        choices=("auto", "fp32", "bf16"),
         help="auto (bf16 where the CPU or GPU has it natively), fp32 or bf16 (default auto)",
     )
     zoo.add_argument("--results", default=None, help="the results data folder the rows go to (default results)")
@@ -183,8 +191,10 @@ def run_zoo(args: argparse.Namespace) -> int:
                 f"--{name.replace('_', '-')}: not an option of `capsnet reproduce zoo` (its budgets are "
                 "stated per benchmark)"
             )
-    if args.precision not in (None, "auto", "fp32", "bf16"):
-        raise ConfigError(f"--precision {args.precision!r}: choose auto, fp32 or bf16")
+    results = Path(args.results or "results")
+    results.mkdir(parents=True, exist_ok=True)  # an unusable --results fails here, before anything trains
+    if not os.access(results, os.W_OK):
+        raise PermissionError(errno.EACCES, "Permission denied", str(results))
     models = [m.strip() for arg in args.model for m in arg.split(",") if m.strip()] if args.model else list(MODELS)
     plan = zoo.ZooPlan(
         benchmark=args.benchmark or "sample",
@@ -194,7 +204,7 @@ def run_zoo(args: argparse.Namespace) -> int:
         precision=args.precision or "auto",
         device=args.device,
         data_dir=args.dataset,
-        results=Path(args.results or "results"),
+        results=results,
         progress=sys.stdout.isatty(),
     )
     for row in zoo.run_zoo(plan):

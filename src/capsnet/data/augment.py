@@ -26,14 +26,28 @@ def _uniform(n: int, low: float, high: float, generator: torch.Generator | None)
     return torch.rand(n, generator=generator, device=device) * (high - low) + low
 
 
+def border_fill(x: torch.Tensor) -> torch.Tensor:
+    """Each image's background as its own border shows it: the per-channel median of its outermost pixels.
+    x [B, C, H, W] -> [B, C]. An MNIST digit's is 0 (every one of the bundled 8,000), so filling with it is the
+    paper's zero padding there; a photo's or a drawing's is its paper or backdrop colour, not black."""
+    ring = torch.cat([x[:, :, 0, :], x[:, :, -1, :], x[:, :, 1:-1, 0], x[:, :, 1:-1, -1]], dim=2)  # [B, C, 2H+2W-4]
+    return ring.median(dim=2).values
+
+
 def place_on_canvas(
-    x: torch.Tensor, top: torch.Tensor, left: torch.Tensor, size: int | tuple[int, int]
+    x: torch.Tensor,
+    top: torch.Tensor,
+    left: torch.Tensor,
+    size: int | tuple[int, int],
+    *,
+    fill: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Paste each image x[b] [C, h, w] with its top-left corner at (top[b], left[b]) of a black canvas.
+    """Paste each image x[b] [C, h, w] with its top-left corner at (top[b], left[b]) of a canvas of `fill`.
 
     x [B, C, h, w] or [B, h, w]; top, left int [B], any values (parts falling outside the canvas are cut off);
-    size: the canvas side, or (height, width). Returns [B, C, height, width] (or [B, height, width]).
-    One gather for the whole batch: canvas pixel (y, x) reads image pixel (y - top, x - left), zero outside.
+    size: the canvas side, or (height, width); fill: the canvas colour per image and channel [B, C] (None: black).
+    Returns [B, C, height, width] (or [B, height, width]). One gather for the whole batch: canvas pixel (y, x) reads
+    image pixel (y - top, x - left), `fill` outside.
     """
     xb, squeezed = _as_batch(x)
     b, _, h, w = xb.shape
@@ -44,15 +58,24 @@ def place_on_canvas(
     inside = ((rows >= 0) & (rows < h))[:, :, None, None] & ((cols >= 0) & (cols < w))[:, None, :, None]
     batch = torch.arange(b, device=x.device)[:, None, None]
     pixels = xb.permute(0, 2, 3, 1)[batch, rows.clamp(0, h - 1)[:, :, None], cols.clamp(0, w - 1)[:, None, :]]
-    out = torch.where(inside, pixels, pixels.new_zeros(())).permute(0, 3, 1, 2).contiguous()  # [B, C, H, W]
+    background = pixels.new_zeros(()) if fill is None else fill.to(pixels.dtype)[:, None, None, :]  # [B, 1, 1, C]
+    out = torch.where(inside, pixels, background).permute(0, 3, 1, 2).contiguous()  # [B, C, H, W]
     return out.squeeze(1) if squeezed else out
 
 
-def random_shift(x: torch.Tensor, max_shift: int, *, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Translate each image by its own random integer offset in [-max_shift, max_shift] on both axes.
+def random_shift(
+    x: torch.Tensor, max_shift: int, *, generator: torch.Generator | None = None, fill: str = "border"
+) -> torch.Tensor:
+    """Translate each image by its own random integer offset in [-max_shift, max_shift] on both axes (the paper's
+    only augmentation, max_shift=2, §5).
 
-    Pixels shifted in from outside are zero. This is the paper's only augmentation (max_shift=2).
+    Pixels shifted in from outside take `fill`: "border", the image's own background (:func:`border_fill`: 0 for
+    every MNIST digit, where this is the paper's zero padding), or "zero". Zeros on a coloured background draw a
+    black bar of a random width along two sides of every training image, which stopped every model learning an easy
+    set of coloured shapes (docs/fidelity.md, "Shift padding").
     """
+    if fill not in ("border", "zero"):
+        raise ValueError(f"fill must be 'border' or 'zero', got {fill!r}")
     if max_shift < 0:
         raise ValueError(f"max_shift must be >= 0, got {max_shift}")
     if max_shift == 0 or x.numel() == 0:
@@ -62,7 +85,8 @@ def random_shift(x: torch.Tensor, max_shift: int, *, generator: torch.Generator 
     m = int(max_shift)
     device = generator.device if generator is not None else torch.device("cpu")
     shifts = torch.randint(-m, m + 1, (2, b), generator=generator, device=device).to(x.device)
-    out = place_on_canvas(xb, shifts[0], shifts[1], (h, w))  # output pixel (y, x) = input (y - dy, x - dx)
+    background = border_fill(xb) if fill == "border" else None
+    out = place_on_canvas(xb, shifts[0], shifts[1], (h, w), fill=background)  # pixel (y, x) = input (y - dy, x - dx)
     return out.squeeze(1) if squeezed else out
 
 
@@ -152,4 +176,12 @@ def affine_test_images(images: torch.Tensor) -> torch.Tensor:
     return random_affine(images, **AFFINE_TEST, generator=generator)  # type: ignore[arg-type]
 
 
-__all__ = ["AFFINE_TEST", "affine_test_images", "affine_warp", "place_on_canvas", "random_affine", "random_shift"]
+__all__ = [
+    "AFFINE_TEST",
+    "affine_test_images",
+    "affine_warp",
+    "border_fill",
+    "place_on_canvas",
+    "random_affine",
+    "random_shift",
+]

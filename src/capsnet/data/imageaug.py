@@ -100,7 +100,8 @@ class AugmentSpec:
     """One data set's augmentation. Written and parsed as a comma list, e.g. "crop=24,flip,brightness=0.247,
     contrast=0.2:1.8,standardize" or "shift=2" or "none"."""
 
-    shift: int = 0  # random translation of up to N px, zero-padded (pad-and-crop back to the size; the paper's §5)
+    shift: int = 0  # random translation of up to N px (the paper's §5), filled with each image's border colour
+    zero_fill: bool = False  # shifts filled with zeros instead (the paper's words; the same on MNIST)
     crop: tuple[int, int] | None = None  # random crop to H×W in training, centre crop at test
     flip: bool = False  # random left-right mirror (never for digits)
     brightness: float = 0.0  # max |delta|, in units of the [0, 1] range
@@ -145,7 +146,7 @@ class AugmentSpec:
         if self.rotate or self.zoom != (1.0, 1.0):
             x = random_rotate_zoom(x, self.rotate, self.zoom, generator=generator).clamp_(lo, hi)
         if self.shift:
-            x = random_shift(x, self.shift, generator=generator)
+            x = random_shift(x, self.shift, generator=generator, fill="zero" if self.zero_fill else "border")
         if self.flip:
             x = random_flip(x, generator=generator)
         if self.brightness or self.contrast != (1.0, 1.0):
@@ -177,6 +178,8 @@ class AugmentSpec:
             parts.append(f"zoom={self.zoom[0]:g}:{self.zoom[1]:g}")
         if self.shift:
             parts.append(f"shift={self.shift}")
+        if self.zero_fill:
+            parts.append("zero-fill")
         if self.flip:
             parts.append("flip")
         if self.brightness:
@@ -193,7 +196,7 @@ class AugmentSpec:
 
     @classmethod
     def parse(cls, text: str) -> AugmentSpec:
-        """The inverse of str(): "none", or a comma list of shift=N, crop=H[xW], flip, brightness=D,
+        """The inverse of str(): "none", or a comma list of shift=N, zero-fill, crop=H[xW], flip, brightness=D,
         contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, divisor=D, channel-standardize, and Byerly et al.'s
         hvc (= hvc-rotate=30, hvc-shift, hvc-squish=7, hvc-erase=4)."""
         spec: dict = {}
@@ -204,7 +207,7 @@ class AugmentSpec:
                     continue
                 if item == "hvc":
                     spec.update({f"hvc_{k}": v for k, v in hvc_augment.PAPER.items()})
-                elif key in ("flip", "standardize", "channel-standardize", "hvc-shift") and not value:
+                elif key in ("flip", "standardize", "channel-standardize", "hvc-shift", "zero-fill") and not value:
                     spec[key.replace("-", "_")] = True
                 elif key in ("hvc-squish", "hvc-erase"):
                     spec[key.replace("-", "_")] = int(value)
@@ -228,7 +231,8 @@ class AugmentSpec:
                     raise ValueError(item)
             except ValueError:
                 raise ConfigError(
-                    f"augmentation {text!r}: cannot read {item!r}; use none or a comma list of shift=N, crop=H[xW], "
+                    f"augmentation {text!r}: cannot read {item!r}; use none or a comma list of shift=N, zero-fill, "
+                    "crop=H[xW], "
                     "flip, brightness=D, contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, divisor=D, "
                     "channel-standardize, hvc (or hvc-rotate=DEG, hvc-shift, hvc-squish=N, hvc-erase=N)"
                 ) from None

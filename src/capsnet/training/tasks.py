@@ -146,7 +146,8 @@ def validation_split(train: Split, official: Split | None, config) -> tuple[Spli
 
 
 class ClassificationTask(Task):
-    """One digit per image, labels [B]; the paper's shift augmentation (§5: up to 2 px, zero padded)."""
+    """One digit per image, labels [B]; the paper's shift augmentation (§5: up to 2 px; the
+    shifted-in pixels take the image's border colour, 0 on MNIST: capsnet.data.augment.random_shift)."""
 
     name = "classification"
 
