@@ -9,15 +9,16 @@ from pathlib import Path
 import numpy as np
 
 
-def photo(digit: np.ndarray, rng: np.random.Generator, *, side: int | None = None) -> np.ndarray:
-    """A photo of `digit` ([28, 28] uint8, white on black) as an RGB uint8 array [H, W, 3]."""
+def photo(digit: np.ndarray, rng: np.random.Generator, *, side: int | None = None, fraction=(0.4, 0.6)) -> np.ndarray:
+    """A photo of `digit` ([28, 28] uint8, white on black) as an RGB uint8 array [H, W, 3], `side` pixels high
+    (random in 64..400 if None), the digit's height a `fraction` of the frame (random in that range)."""
     from PIL import Image, ImageFilter
 
     h = side or int(rng.integers(64, 401))
     w = round(h * rng.uniform(0.75, 1.33))
     rows, cols = np.flatnonzero(digit.any(1)), np.flatnonzero(digit.any(0))
     ink = digit[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1].astype(np.float32) / 255  # the digit's ink, cropped
-    scale = rng.uniform(0.4, 0.6) * min(h, w) / ink.shape[0]  # the digit's height: 40–60% of the frame
+    scale = rng.uniform(*fraction) * min(h, w) / ink.shape[0]
     dh, dw = max(1, round(ink.shape[0] * scale)), max(1, round(ink.shape[1] * scale))
     ink = np.clip(np.asarray(Image.fromarray(ink).resize((dw, dh), Image.Resampling.BICUBIC)), 0, 1)
     alpha = np.zeros((h, w), np.float32)

@@ -2,15 +2,16 @@
 black of any size) into MNIST's form, white ink on black, fitted in a 20×20 box and centred by its centre of mass
 in 28×28. NumPy and Pillow only; docs/inputs.md gives the same steps for a deployment of an exported graph.
 
-The steps, on the image's grey levels g in [0, 1]:
+The steps, on the image's grey levels g in [0, 1] (larger images first reduced to `WORK_SIDE`):
 
-1. Polarity: the background (paper) is the bulk of the pixels, the ink the tail; dark-background images are
-   flipped (g ← 1 − g) so that the paper is light.
+1. Polarity: the ink is where the image departs from the median around it (the paper, a shadow's edge
+   included); images whose ink is lighter than that are flipped (g ← 1 − g), so that the paper is light.
 2. The paper, uneven light included: a morphological closing (max filter, then min filter) wider than the ink's
-   strokes, between two box blurs, on a copy at most `BACKGROUND_SIDE` pixels wide, resized back: paper [H, W].
+   strokes, between two 3×3 box blurs, on a copy at most `BACKGROUND_SIDE` pixels wide, resized back: paper [H, W].
 3. The ink: its darkness relative to the paper, ink = clip(1 − g / paper, 0, 1) (light falls on paper and ink
    alike, so the ratio removes it); kept where above Otsu's threshold on ink, as a stroke of 1 (LeCun et al. fitted
-   NIST's binary images, the anti-aliasing making the grey levels).
+   NIST's binary images, the anti-aliasing making the grey levels); specks (parts under `PART` of the largest
+   part) dropped.
 4. Cropped to the ink's bounding box, resized (antialiased) to fit a box of 20/28 of the side, keeping its aspect.
 5. Pasted so its centre of mass falls on the centre pixel (14, 14) of 28×28, as MNIST's digits' do.
 
@@ -28,6 +29,8 @@ BACKGROUND_SIDE = 64  # the paper is estimated on a copy of this longer side
 CLOSING = 0.25  # the closing's window, as a fraction of the background copy's shorter side (wider than strokes)
 MIN_CONTRAST = 0.2  # kept "ink" of median darkness under this, relative to the paper, is noise: no ink
 BOX = 20 / 28  # the box the ink is fitted in, as a fraction of the side (MNIST: 20 of 28)
+PARTS_SIDE = 128  # the ink's parts are found on its mask pooled to at most this side
+PART = 0.1  # ink parts of fewer pixels than this fraction of the largest part's are specks
 IN_WORDS = "MNIST's procedure (paper and light removed, ink cropped, fitted in a 20/28 box, centred by its mass)"
 
 
@@ -38,13 +41,14 @@ def mnist_form(image: Any, *, size: int = 28) -> np.ndarray:
     from PIL import Image
 
     g = _grey(image)
-    if not _light_background(np.asarray(g)):
+    if not _light_background(g):
         g = Image.fromarray(255 - np.asarray(g))  # white ink on black: make the paper light
     x, paper = np.asarray(g, np.float64) / 255, _paper(g)
     ink = np.clip(1 - x / np.maximum(paper, 1e-3), 0, 1)  # darkness relative to the paper  [H, W]
     mask = ink > max(otsu(ink), MIN_CONTRAST / 2)
     if not mask.any() or np.median(ink[mask]) < MIN_CONTRAST:  # blank paper: what passes is noise
         return np.zeros((size, size), np.float32)
+    mask = _main_parts(mask)
     rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
     digit = _fit(mask[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1], max(1, round(size * BOX)))
     return _centre(digit, size)
@@ -73,10 +77,16 @@ def _reduce(img, side: int):
     return img if scale >= 1 else img.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.Resampling.BOX)
 
 
-def _light_background(x: np.ndarray) -> bool:
-    """Whether the bulk of the pixels (the median) lies nearer the light tail than the dark one: paper, dark ink."""
-    lo, mid, hi = np.percentile(x, [1, 50, 99])
-    return bool(hi - mid <= mid - lo)
+def _light_background(g) -> bool:
+    """Whether the ink is darker than the paper, in Pillow L image `g`: on a copy of at most BACKGROUND_SIDE pixels,
+    the pixels' deviations from the median around them (the paper: the ink is the minority there; a shadow's edge
+    stays) weigh more below it than above (sums of squares)."""
+    from PIL import ImageFilter
+
+    small = _reduce(g, BACKGROUND_SIDE)
+    k = max(3, int(CLOSING * min(small.size)) | 1)
+    dev = np.asarray(small, np.float64) - np.asarray(small.filter(ImageFilter.MedianFilter(k)), np.float64)
+    return bool((np.clip(-dev, 0, None) ** 2).sum() >= (np.clip(dev, 0, None) ** 2).sum())
 
 
 def _paper(g) -> np.ndarray:
@@ -87,9 +97,43 @@ def _paper(g) -> np.ndarray:
 
     small = _reduce(g, BACKGROUND_SIDE)
     k = max(3, int(CLOSING * min(small.size)) | 1)  # odd
-    for f in (ImageFilter.BoxBlur(1), ImageFilter.MaxFilter(k), ImageFilter.MinFilter(k), ImageFilter.BoxBlur(k // 2)):
+    for f in (ImageFilter.BoxBlur(1), ImageFilter.MaxFilter(k), ImageFilter.MinFilter(k), ImageFilter.BoxBlur(1)):
         small = small.filter(f)
     return np.asarray(small.resize(g.size, Image.Resampling.BILINEAR), np.float64) / 255
+
+
+def _main_parts(mask: np.ndarray) -> np.ndarray:
+    """The ink mask [H, W] without its specks: the 8-connected parts of at least PART × the largest's pixels (a
+    digit may be drawn in more than one stroke; dust, noise and a shadow's corner make small parts). The parts are
+    found on the mask pooled (any) to at most PARTS_SIDE pixels a side, in blocks of f × f."""
+    h, w = mask.shape
+    f = -(-max(h, w) // PARTS_SIDE)  # ceil
+    padded = np.pad(mask, ((0, -h % f), (0, -w % f)))
+    blocks = np.asarray(padded.reshape(-(-h // f), f, -(-w // f), f).any(axis=(1, 3)))  # [⌈h/f⌉, ⌈w/f⌉]
+    labels = _components(blocks).repeat(f, axis=0).repeat(f, axis=1)[:h, :w]  # each pixel: its block's part
+    sizes = np.bincount(labels[mask])
+    return mask & (sizes >= PART * sizes.max())[labels]
+
+
+def _components(mask: np.ndarray) -> np.ndarray:
+    """Labels [H, W] of the 8-connected parts of `mask` (each part: the smallest flat index in it; outside: 0).
+    Min-label propagation over the 3×3 neighbours, with pointer jumping, until nothing changes."""
+    h, w = mask.shape
+    none = h * w  # the label of the background: larger than any pixel's
+    labels = np.where(mask, np.arange(none).reshape(h, w), none)
+    while True:
+        padded = np.pad(labels, 1, constant_values=none)
+        low = labels
+        for dy in range(3):
+            for dx in range(3):
+                low = np.minimum(low, padded[dy : dy + h, dx : dx + w])
+        flat = np.append(np.where(mask, low, none).ravel(), none)
+        for _ in range(4):  # pointer jumping: a label's own label is as small or smaller, in the same part
+            flat = flat[flat]
+        new = flat[:-1].reshape(h, w)
+        if np.array_equal(new, labels):
+            return np.where(mask, labels, 0)
+        labels = new
 
 
 def otsu(x: np.ndarray, bins: int = 256) -> float:
