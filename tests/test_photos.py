@@ -95,7 +95,8 @@ def test_blank_paper_under_uneven_light_is_no_ink():
     nothing[0, 0] = 1  # (one pixel of ink at 1/255: a photo of nothing)
     for _ in range(6):
         assert not mnist_form(photo(nothing, rng)).any()
-    assert not mnist_form(np.full((50, 40, 3), 200, np.uint8)).any()
+    for level in (0, 200, 255):  # uniform images, black included
+        assert not mnist_form(np.full((50, 40, 3), level, np.uint8)).any()
     with pytest.raises(ValueError, match="H×W or H×W×3"):
         mnist_form(np.zeros((2, 3, 4, 5)))
 

@@ -8,10 +8,10 @@ The steps, on the image's grey levels g in [0, 1] (larger images first reduced t
    included); images whose ink is lighter than that are flipped (g ← 1 − g), so that the paper is light.
 2. The paper, uneven light included: a morphological closing (max filter, then min filter) wider than the ink's
    strokes, between two 3×3 box blurs, on a copy at most `BACKGROUND_SIDE` pixels wide, resized back: paper [H, W].
-3. The ink: its darkness relative to the paper, ink = clip(1 − g / paper, 0, 1) (light falls on paper and ink
-   alike, so the ratio removes it); kept where above Otsu's threshold on ink, as a stroke of 1 (LeCun et al. fitted
-   NIST's binary images, the anti-aliasing making the grey levels); specks (parts under `PART` of the largest
-   part) dropped.
+3. The ink: its darkness relative to the paper, ink = clip((paper − g) / paper, 0, 1) (light falls on paper and
+   ink alike, so the ratio removes it; black paper has none); kept where above Otsu's threshold on ink, as a
+   stroke of 1 (LeCun et al. fitted NIST's binary images, the anti-aliasing making the grey levels); specks (parts
+   under `PART` of the largest part) dropped.
 4. Cropped to the ink's bounding box, resized (antialiased) to fit a box of 20/28 of the side, keeping its aspect.
 5. Pasted so its centre of mass falls on the centre pixel (14, 14) of 28×28, as MNIST's digits' do.
 
@@ -44,7 +44,7 @@ def mnist_form(image: Any, *, size: int = 28) -> np.ndarray:
     if not _light_background(g):
         g = Image.fromarray(255 - np.asarray(g))  # white ink on black: make the paper light
     x, paper = np.asarray(g, np.float64) / 255, _paper(g)
-    ink = np.clip(1 - x / np.maximum(paper, 1e-3), 0, 1)  # darkness relative to the paper  [H, W]
+    ink = np.clip((paper - x) / np.maximum(paper, 1e-3), 0, 1)  # darkness relative to the paper  [H, W]
     mask = ink > max(otsu(ink), MIN_CONTRAST / 2)
     if not mask.any() or np.median(ink[mask]) < MIN_CONTRAST:  # blank paper: what passes is noise
         return np.zeros((size, size), np.float32)
