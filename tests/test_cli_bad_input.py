@@ -42,7 +42,7 @@ NO_BAD_VALUE = {
     "message": "any text is a commit message",
 }
 # Counts for which 0 is a valid value (only the negative ones are bad).
-ZERO_OK = {"shift"}
+ZERO_OK = {"shift", "conv_padding"}
 # dest -> kind, for the options whose type does not say what they hold.
 KINDS = {
     "checkpoint": "checkpoint",
