@@ -9,7 +9,7 @@ pose μ_i (BatchNorm → 1×1 conv) → Heinsen routing of the 64 · 9² parts t
 
 from __future__ import annotations
 
-from typing import ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -38,11 +38,12 @@ class HeinsenCapsNetOutput(NamedTuple):
 
 
 def coordinate_grid(x: torch.Tensor) -> torch.Tensor:
-    """x [B, C, H, W] with two channels appended: the row and column coordinates, each from −1 to 1."""
+    """x [B, C, H, W] with two channels appended: the row and column coordinates, each from −1 to 1 (in float32,
+    as the authors' grid, whatever x's dtype)."""
     h, w = x.shape[-2:]
-    rows = torch.linspace(-1.0, 1.0, h, device=x.device, dtype=x.dtype)[:, None].expand(h, w)
-    cols = torch.linspace(-1.0, 1.0, w, device=x.device, dtype=x.dtype)[None, :].expand(h, w)
-    return torch.cat([x, torch.stack([rows, cols]).expand(x.shape[0], 2, h, w)], dim=1)
+    rows = torch.linspace(-1.0, 1.0, h, device=x.device)[:, None].expand(h, w)
+    cols = torch.linspace(-1.0, 1.0, w, device=x.device)[None, :].expand(h, w)
+    return torch.cat([x, torch.stack([rows, cols]).to(x.dtype).expand(x.shape[0], 2, h, w)], dim=1)
 
 
 @register_model
@@ -83,7 +84,7 @@ class HeinsenCapsNet(Pretrained, nn.Module):
         for conv in self.convolve:
             if isinstance(conv, nn.Conv2d):
                 nn.init.kaiming_normal_(conv.weight)
-                nn.init.zeros_(conv.bias)
+                nn.init.zeros_(cast(torch.Tensor, conv.bias))
 
     def forward(
         self, images: torch.Tensor, labels: torch.Tensor | None = None, *, return_coupling: bool = False
@@ -96,8 +97,9 @@ class HeinsenCapsNet(Pretrained, nn.Module):
         a = self.compute_a(x).reshape(b, -1)  # logits a_i, part-major  [B, n_parts·h·w]
         mu = self.compute_mu(x).view(b, cfg.n_parts, POSE, POSE, h, w)  # [B, n_parts, 4, 4, h, w]
         mu = mu.permute(0, 1, 4, 5, 2, 3).reshape(b, -1, POSE, POSE)  # μ_i  [B, n_parts·h·w, 4, 4]
-        parts = self.routings[0].route(a, mu)  # a_j [B, n_parts], μ_j [B, n_parts, 4, 4]
-        objects = self.routings[1].route(parts.scores, parts.poses)  # [B, n_classes], [B, n_classes, 4, 4]
+        part_routing, object_routing = (cast(HeinsenRouting, r) for r in self.routings)
+        parts = part_routing.route(a, mu)  # a_j [B, n_parts], μ_j [B, n_parts, 4, 4]
+        objects = object_routing.route(parts.scores, parts.poses)  # [B, n_classes], [B, n_classes, 4, 4]
         logits = full_precision(objects.scores)
         return HeinsenCapsNetOutput(objects.poses.flatten(-2), torch.sigmoid(logits), logits.argmax(dim=1), None,
                                     objects.weights if return_coupling else None, logits)  # fmt: skip
