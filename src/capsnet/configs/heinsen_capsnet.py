@@ -44,14 +44,19 @@ class HeinsenCapsNetConfig(RecordedData):
             raise ConfigError(f"n_classes and n_parts must be >= 2, got {self.n_classes}, {self.n_parts}")
         if self.p_model not in ("gaussian", "skm"):
             raise ConfigError(f"p_model must be 'gaussian' or 'skm', got {self.p_model!r}")
-        if self.conv_padding is None:
-            self.conv_padding = 0 if self.grid_side(0) >= 1 else 1
-        if self.conv_padding not in (0, 1):
+        if self.conv_padding not in (None, 0, 1):
             raise ConfigError(f"conv_padding must be 0 or 1, got {self.conv_padding}")
         self._check_recorded(self.n_classes)
-        if self.grid_side(self.conv_padding) < 1:
+        if self.grid_side(self.padding) < 1:
             raise ConfigError(f"images of {self.image_size}x{self.image_size} are too small for six 3x3 "
-                              f"convolutions with padding {self.conv_padding}")  # fmt: skip
+                              f"convolutions with padding {self.padding}")  # fmt: skip
+
+    @property
+    def padding(self) -> int:
+        """The convolutions' padding: conv_padding, or when unset 0 (the authors') where the image allows it."""
+        if self.conv_padding is not None:
+            return self.conv_padding
+        return 0 if self.grid_side(0) >= 1 else 1
 
     def grid_side(self, padding: int) -> int:
         """Side of the part capsule grid: 96 → 94 → 46 → 44 → 21 → 19 → 9 with the authors' padding 0."""
@@ -63,8 +68,7 @@ class HeinsenCapsNetConfig(RecordedData):
     @property
     def n_children(self) -> int:
         """Part capsules routed by the first routing: n_parts × grid² (64 · 9² = 5,184 on smallNORB)."""
-        assert self.conv_padding is not None
-        return self.n_parts * self.grid_side(self.conv_padding) ** 2
+        return self.n_parts * self.grid_side(self.padding) ** 2
 
 
 register_config("heinsen-capsnet", HeinsenCapsNetConfig)

@@ -68,8 +68,7 @@ class HeinsenCapsNet(Pretrained, nn.Module):
     def __init__(self, *, config: HeinsenCapsNetConfig | None = None, **options):
         super().__init__()
         self.config = cfg = self.make_config(config, options)
-        c, pad = cfg.conv_channels, cfg.conv_padding
-        assert pad is not None
+        c, pad = cfg.conv_channels, cfg.padding
         stem: list[nn.Module] = []
         for c_in, stride in zip([cfg.in_channels + 2] + [c] * 5, STRIDES, strict=True):
             stem += [nn.BatchNorm2d(c_in), nn.Conv2d(c_in, c, 3, stride, padding=pad), nn.SiLU()]  # SiLU: Swish
