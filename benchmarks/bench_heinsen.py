@@ -55,14 +55,16 @@ def authors() -> ModuleType | None:
     return module
 
 
-def build(case: str, theirs: ModuleType | None, seed: int = 0) -> dict[str, Any]:
-    """The case's layers (ours; theirs with the same parameters, when given), inputs, and the call of each."""
+def build(case: str, theirs: ModuleType | None, seed: int = 0, *, small: bool = False) -> dict[str, Any]:
+    """The case's layers (ours; theirs with the same parameters, when given), inputs, and the call of each; `small`:
+    2 samples of at most 100 capsules (a warm-up that loads the libraries' lazy parts)."""
     torch.manual_seed(seed)
     if case in ("capsnet", "parts", "objects"):
         n_in, n_out, rows, d_in, d_out, batch = {"capsnet": (1152, 10, 1, 8, 16, 32), "parts": (-1, 64, 4, 4, 4, 20),
                                                  "objects": (64, 5, 4, 4, 4, 20)}[case]  # fmt: skip
         ours = HeinsenRouting(n_in, n_out, rows * d_in, rows * d_out, rows=rows)
         count = 5184 if n_in == -1 else n_in
+        batch, count = (2, min(count, 100)) if small and n_in == -1 else (2 if small else batch, count)
         a, mu = torch.randn(batch, count), torch.randn(batch, count, rows, d_in)
         inputs = [a.requires_grad_(), mu.requires_grad_()]
         calls = {"capsnet": lambda: ours.route(*inputs)[:3]}
@@ -77,6 +79,8 @@ def build(case: str, theirs: ModuleType | None, seed: int = 0) -> dict[str, Any]
         return {"calls": calls, "inputs": inputs}
     n_in, n_out, d_in, d_out, batch, length = {"vectors": (2000, 100, 256, 256, 4, 2000),
                                                "sequence-10k": (-1, 32, 64, 64, 1, 10_000)}[case]  # fmt: skip
+    if small:
+        n_in, batch, length = (-1, 1, 100) if n_in == -1 else (n_in, 1, length)
     ours_v = HeinsenVectorRouting(n_in, n_out, d_in, d_out)
     x = torch.randn(batch, length, d_in, requires_grad=True)
     mask = None
@@ -122,8 +126,11 @@ def peak_rss_kib() -> int:
 
 
 def peak_memory(case: str, path: str) -> float:
-    """MiB the peak RSS grows by over one forward + backward of `path` (run in a fresh process: --child)."""
-    built = build(case, authors() if path == "authors" else None)
+    """MiB the peak RSS grows by over one forward + backward of `path` (run in a fresh process: --child), after a
+    small warm-up of the same path."""
+    theirs = authors() if path == "authors" else None
+    step(build(case, theirs, small=True)["calls"][path])
+    built = build(case, theirs)
     rss0 = peak_rss_kib()
     step(built["calls"][path])
     return (peak_rss_kib() - rss0) / 2**10

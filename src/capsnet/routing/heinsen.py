@@ -39,8 +39,8 @@ P_MODELS = ("gaussian", "skm")
 
 class HeinsenResult(NamedTuple):
     scores: torch.Tensor  # a_j, parent scores (logits of f(a_j))  [B, J]
-    poses: torch.Tensor  # μ_j  [B, J, rows, c_out]
-    variances: torch.Tensor  # σ²_j  [B, J, rows, c_out]
+    poses: torch.Tensor  # μ_j  [B, J, rows, c_out] (generative_routing: [B, J, E])
+    variances: torch.Tensor  # σ²_j, as μ_j
     weights: torch.Tensor  # R_ij of the last iteration, summing to 1 over j  [B, I, J]
 
 
@@ -48,27 +48,33 @@ def generative_routing(
     p_in: torch.Tensor, v: torch.Tensor, beta_use: torch.Tensor, beta_ign: torch.Tensor, *, iterations: int = 3,
     p_model: str = "gaussian", eps: float = 1e-5,
 ) -> HeinsenResult:  # fmt: skip
-    """Algorithm 1 on votes v [B, I, J, rows, c] with child probabilities p_in = f(a_i) [B, I] and β [I or 1, J]."""
-    n_out = v.shape[2]
-    r = v.new_full(v.shape[:3], 1.0 / n_out)  # E-step, first iteration: R_ij = 1/J  [B, I, J]
+    """Algorithm 1 on parent-major votes v [B, J, I, E] (E: the entries of a vote, rows·c_out), with the children's
+    probabilities p_in = f(a_i) [B, I] and β^use, β^ign [I or 1, J].
+
+    Parent-major, every sum over the children is one batched matrix product over (b, j) that reads v in place; the
+    small tensors (R, D) are [B, J, I] inside, R is returned [B, I, J]."""
+    n_out = v.shape[1]
+    f_a = p_in[:, None]  # f(a_i)  [B, 1, I]
+    b_use, b_ign = beta_use.T, beta_ign.T  # β_ij  [J, I or 1]
+    r = v.new_full(v.shape[:3], 1.0 / n_out)  # E-step, first iteration: R_ij = 1/J  [B, J, I]
     a_out = mu = sig2 = dev2 = None
     for it in range(iterations):
         if it > 0:  # E-step: R_ij = softmax_j(log f(a_j) + log p_ij)
             assert a_out is not None and sig2 is not None and dev2 is not None
-            if p_model == "gaussian":  # −Σ_ch (V − μ)²/2σ² − Σ_ch log σ  [B, I, J]
-                log_p = -torch.einsum("bijch,bjch->bij", dev2, 0.5 / sig2) - 0.5 * sig2.log().sum((-2, -1))[:, None]
-            else:  # soft k-means: log_softmax_j(−Σ_ch (V − μ)²)
-                log_p = torch.log_softmax(-dev2.sum((-2, -1)), dim=-1)
-            r = torch.softmax(F.logsigmoid(a_out)[:, None] + log_p, dim=-1)
-        d_use = p_in[..., None] * r  # D-step: D^use_ij = f(a_i) R_ij  [B, I, J]
-        d_ign = p_in[..., None] - d_use  # D^ign_ij = f(a_i) − D^use_ij
-        a_out = (beta_use * d_use).sum(1) - (beta_ign * d_ign).sum(1)  # M-step: a_j  [B, J]
-        share = d_use / (d_use.sum(1, keepdim=True) + eps)  # D^use_ij / Σ_i D^use_ij  [B, I, J]
-        mu = torch.einsum("bij,bijch->bjch", share, v)  # μ_j  [B, J, rows, c]
-        dev2 = (v - mu[:, None]).square()  # (V_ij − μ_j)²  [B, I, J, rows, c]
-        sig2 = torch.einsum("bij,bijch->bjch", share, dev2) + eps  # σ²_j
+            if p_model == "gaussian":  # −Σ_e (V − μ)²/2σ² − Σ_e log σ  [B, J, I]
+                log_p = -(dev2 @ (0.5 / sig2)[..., None]).squeeze(-1) - 0.5 * sig2.log().sum(-1, keepdim=True)
+            else:  # soft k-means: log_softmax_j(−Σ_e (V − μ)²)
+                log_p = torch.log_softmax(-dev2.sum(-1), dim=1)
+            r = torch.softmax(F.logsigmoid(a_out)[..., None] + log_p, dim=1)
+        d_use = f_a * r  # D-step: D^use_ij = f(a_i) R_ij  [B, J, I]
+        d_ign = f_a - d_use  # D^ign_ij = f(a_i) − D^use_ij
+        a_out = (b_use * d_use).sum(-1) - (b_ign * d_ign).sum(-1)  # M-step: a_j  [B, J]
+        share = (d_use / (d_use.sum(-1, keepdim=True) + eps))[:, :, None]  # D^use_ij / Σ_i D^use_ij  [B, J, 1, I]
+        mu = (share @ v).squeeze(2)  # μ_j  [B, J, E]
+        dev2 = (v - mu[:, :, None]).square()  # (V_ij − μ_j)²  [B, J, I, E]
+        sig2 = (share @ dev2).squeeze(2) + eps  # σ²_j  [B, J, E]
     assert a_out is not None and mu is not None and sig2 is not None
-    return HeinsenResult(a_out, mu, sig2, r)
+    return HeinsenResult(a_out, mu, sig2, r.transpose(1, 2))
 
 
 class HeinsenRouting(nn.Module):
@@ -115,13 +121,16 @@ class HeinsenRouting(nn.Module):
                 f"iterations={self.iterations}, rows={self.rows}, p_model={self.p_model!r}")  # fmt: skip
 
     def votes(self, mu: torch.Tensor) -> torch.Tensor:
-        """V_ij = μ_i W_ij + B_ij: μ [B, I, rows, c_in] -> [B, I, J, rows, c_out]."""
+        """V_ij = μ_i W_ij + B_ij, parent-major: μ [B, I, rows, c_in] -> [B, J, I, rows·c_out] (contiguous)."""
         w, b = self.weight.to(mu.dtype), self.bias.to(mu.dtype)
+        n, i, rows = mu.shape[:3]
         if self.in_caps == -1:  # one W for every child: a single GEMM [B·I·rows, c_in] @ [c_in, J·c_out]
             j, c_in, c_out = w.shape[1:]
-            v = (mu @ w[0].permute(1, 0, 2).reshape(c_in, j * c_out)).unflatten(-1, (j, c_out)).transpose(-3, -2)
-            return v + b[0]
-        return torch.einsum("bicd,ijdh->bijch", mu, w) + b
+            v = (mu @ w[0].permute(1, 0, 2).reshape(c_in, j * c_out)).view(n, i, rows, j, c_out)
+            v = v.permute(0, 3, 1, 2, 4).contiguous().add_(b[0][:, None])  # [B, J, I, rows, c_out]
+        else:
+            v = torch.einsum("bicd,ijdh->bjich", mu, w).contiguous().add_(b.transpose(0, 1))
+        return v.view(n, v.shape[1], i, -1)
 
     def route(self, scores: torch.Tensor, mu: torch.Tensor) -> HeinsenResult:
         """The authors' interface: activation logits a_i [B, I] and matrices μ_i [B, I, rows, c_in] -> parent
@@ -132,8 +141,10 @@ class HeinsenRouting(nn.Module):
         if self.in_caps != -1 and mu.shape[1] != self.in_caps:
             raise ValueError(f"HeinsenRouting expects {self.in_caps} children, got {mu.shape[1]}")
         beta_use, beta_ign = self.beta_use.to(mu.dtype), self.beta_ign.to(mu.dtype)
-        return generative_routing(p_in, self.votes(mu), beta_use, beta_ign, iterations=self.iterations,
-                                  p_model=self.p_model, eps=self.eps)  # fmt: skip
+        res = generative_routing(p_in, self.votes(mu), beta_use, beta_ign, iterations=self.iterations,
+                                 p_model=self.p_model, eps=self.eps)  # fmt: skip
+        shape = (*res.poses.shape[:2], self.rows, -1)  # [B, J, rows, c_out]
+        return res._replace(poses=res.poses.view(shape), variances=res.variances.view(shape))
 
     def forward(
         self, u: torch.Tensor, a: torch.Tensor | None = None, *, return_weights: bool = False
