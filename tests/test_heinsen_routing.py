@@ -235,3 +235,17 @@ def test_2022_bad_inputs_and_sizes_are_one_clear_error():
     with pytest.raises(ValueError, match="at least 2"):
         HeinsenVectorRouting(5, 1, 4, 4)
     assert not hasattr(HeinsenVectorRouting(-1, 3, 4, 4), "beta_use")  # any length: β from each input
+
+
+@pytest.mark.parametrize("layer", [HeinsenRouting(6, 3, 4, 8), HeinsenVectorRouting(6, 3, 4, 8)], ids=["2019", "2022"])
+def test_both_route_in_float32_under_bf16_autocast(layer):
+    torch.manual_seed(9)
+    u = torch.randn(2, 6, 4)
+    want = layer(u)
+    u16 = u.to(torch.bfloat16).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = layer(u16)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)  # (only the input was rounded to bf16)
+    got.sum().backward()
+    assert u16.grad.dtype == torch.bfloat16 and torch.isfinite(u16.grad.float()).all()

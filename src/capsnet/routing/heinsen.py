@@ -79,7 +79,8 @@ def generative_routing(
 
 class HeinsenRouting(nn.Module):
     """Heinsen's 2019 routing between fully connected capsule layers: u [B, in_caps, in_d] (+ probabilities a
-    [B, in_caps]) -> parents μ_j [B, out_caps, out_d] and their probabilities f(a_j) [B, out_caps].
+    [B, in_caps]) -> parents μ_j [B, out_caps, out_d] and their probabilities f(a_j) [B, out_caps]. It routes in
+    float32 (float64 for float64 inputs), under autocast too: σ² and log σ² are not for bf16.
 
     Args:
         in_caps, out_caps: numbers of children and parents (out_caps >= 2); in_caps −1: any number of children,
@@ -140,9 +141,12 @@ class HeinsenRouting(nn.Module):
     def _route(self, p_in: torch.Tensor, mu: torch.Tensor) -> HeinsenResult:
         if self.in_caps != -1 and mu.shape[1] != self.in_caps:
             raise ValueError(f"HeinsenRouting expects {self.in_caps} children, got {mu.shape[1]}")
-        beta_use, beta_ign = self.beta_use.to(mu.dtype), self.beta_ign.to(mu.dtype)
-        res = generative_routing(p_in, self.votes(mu), beta_use, beta_ign, iterations=self.iterations,
-                                 p_model=self.p_model, eps=self.eps)  # fmt: skip
+        dtype = torch.float64 if mu.dtype == torch.float64 else torch.float32  # (bf16 under autocast: fp32)
+        with torch.autocast(device_type=mu.device.type, enabled=False):
+            p_in, mu = p_in.to(dtype), mu.to(dtype)
+            beta_use, beta_ign = self.beta_use.to(dtype), self.beta_ign.to(dtype)
+            res = generative_routing(p_in, self.votes(mu), beta_use, beta_ign, iterations=self.iterations,
+                                     p_model=self.p_model, eps=self.eps)  # fmt: skip
         shape = (*res.poses.shape[:2], self.rows, -1)  # [B, J, rows, c_out]
         return res._replace(poses=res.poses.view(shape), variances=res.variances.view(shape))
 

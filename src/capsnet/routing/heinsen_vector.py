@@ -91,6 +91,12 @@ class HeinsenVectorRouting(nn.Module):
         """u [B, I, in_d]; `a` is not used (network A scores the inputs); mask: bool, broadcastable to [B, I, J],
         True where output j ignores input i. -> x_j [B, J, out_d], or RoutingOutput(x_j, R [B, I, J])."""
         self._check(u, mask)
+        with torch.autocast(device_type=u.device.type, enabled=False):  # (bf16 under autocast: routed in fp32)
+            x_out, r = self._route(u if u.dtype == torch.float64 else u.float(), mask)
+        return RoutingOutput(x_out, r) if return_weights else x_out
+
+    def _route(self, u: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Algorithm 1: u [B, I, in_d] -> (x_j [B, J, out_d], R [B, I, J])."""
         n_in = u.shape[1]
         if self.in_caps > 0:
             beta_use, beta_ign = self.beta_use.to(u.dtype), self.beta_ign.to(u.dtype)  # [I, J]
@@ -116,9 +122,7 @@ class HeinsenVectorRouting(nn.Module):
             # x_j = ((Σ_i φ_ij x̃_i) ⊙ W^F1_j) W^F2 + (Σ_i φ_ij) B^F2_j  [B, J, d_out]
             x_out = ((phi.transpose(1, 2) @ x) * self.w_f1) @ self.w_f2 + phi.sum(1)[..., None] * self.b_f2
         assert x_out is not None and r is not None
-        if self.normalize:
-            x_out = self._norm(x_out)
-        return RoutingOutput(x_out, r) if return_weights else x_out
+        return (self._norm(x_out) if self.normalize else x_out), r
 
     @staticmethod
     def _softmax(s: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
