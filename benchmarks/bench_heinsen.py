@@ -12,7 +12,7 @@ fresh subprocess (MALLOC_MMAP_THRESHOLD_ set low, so that freed blocks go back t
 
 Cases:
     capsnet       --routing heinsen in the paper's CapsNet: 1152 vectors of 8 -> 10 of 16, batch 32, r = 3
-    parts         heinsen-capsnet's first routing: 64·9² = 5,184 4×4 matrices (one W) -> 64, batch 20, r = 3
+    parts         heinsen-capsnet's first routing: 64·9² = 5,184 4×4 matrices (one W) -> 64, batch 4, r = 3
     objects       its second: 64 -> 5, batch 20
     vectors       EfficientVectorRouting, 2,000 vectors of 256 -> 100 of 256, batch 4, r = 2
     sequence-10k  a sequence of 10,000 vectors of 64 (any length, n_inp = -1) -> 32 of 64, a mask hiding a
@@ -60,7 +60,7 @@ def build(case: str, theirs: ModuleType | None, seed: int = 0, *, small: bool = 
     2 samples of at most 100 capsules (a warm-up that loads the libraries' lazy parts)."""
     torch.manual_seed(seed)
     if case in ("capsnet", "parts", "objects"):
-        n_in, n_out, rows, d_in, d_out, batch = {"capsnet": (1152, 10, 1, 8, 16, 32), "parts": (-1, 64, 4, 4, 4, 20),
+        n_in, n_out, rows, d_in, d_out, batch = {"capsnet": (1152, 10, 1, 8, 16, 32), "parts": (-1, 64, 4, 4, 4, 4),
                                                  "objects": (64, 5, 4, 4, 4, 20)}[case]  # fmt: skip
         ours = HeinsenRouting(n_in, n_out, rows * d_in, rows * d_out, rows=rows)
         count = 5184 if n_in == -1 else n_in
