@@ -53,7 +53,7 @@ CONVERTERS: dict[str, Converter] = {
     ),
     "heinsen-capsnet": Converter(
         "glassroom/heinsen_routing (2019): its SmallNORBClassifier state_dict (smallNORB_pretrained_model_state_"
-        "dict.pt, 99.1%), read with weights_only=True",
+        "dict.pt), read with weights_only=True",
         ".heinsen",
     ),
     "inverted-attention": Converter(
