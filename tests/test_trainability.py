@@ -24,6 +24,7 @@ FLOOR = {
     "deepcaps": 0.0,
     "efficient-capsnet": 0.0,
     "em-capsnet": 0.0,
+    "heinsen-capsnet": 0.0,
     "hvc-capsnet": 0.0,
     "inverted-attention-capsnet": 0.0,
     "self-routing-capsnet": 0.0,
