@@ -153,8 +153,8 @@ def test_conv_layer_on_one_location_is_the_fc_layer():
     conv = ClusterRoutingConv(3, 2, 4, 5, (1, 1), votes=4, kernel_size=1, padding=0).double()
     fc = ClusterRoutingFC(3, 2, 4, 5, votes=4).double()
     with torch.no_grad():  # conv block i: [K·J·D, N] -> W_i [N, K, J, D]
-        fc.weight.copy_(conv.weight.view(3, 4, 2, 5, 4).permute(0, 4, 1, 2, 3))
-        fc.bias.copy_(conv.bias.view(3, 4, 2, 5))
+        fc.weight.copy_(conv.conv.weight.view(3, 4, 2, 5, 4).permute(0, 4, 1, 2, 3))
+        fc.bias.copy_(conv.conv.bias.view(3, 4, 2, 5))
         conv.norm.weight.normal_()
         fc.norm.weight.copy_(conv.norm.weight.view(5))
     u = torch.randn(6, 3, 4, dtype=torch.float64)
@@ -171,7 +171,7 @@ def test_conv_votes_are_one_convolution_per_input_channel(image_input):
     votes = layer.cluster_votes(x)  # [B, I, K, J, D, H', W']
     for i in range(3):
         block = slice(i * 20, (i + 1) * 20)
-        want = F.conv2d(x if image_input else x[:, i], layer.weight[block], layer.bias[block], stride=2, padding=1)
+        want = F.conv2d(x if image_input else x[:, i], layer.conv.weight[block], layer.conv.bias[block], stride=2, padding=1)
         torch.testing.assert_close(votes[:, i], want.view(2, 2, 2, 5, 3, 3))
     out = layer(x)
     assert out.shape == (2, 2, 5, 3, 3)

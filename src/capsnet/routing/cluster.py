@@ -84,8 +84,12 @@ class _ClusterRoute(torch.autograd.Function):
 def cluster_route(votes: torch.Tensor, *, child_dim: int = 1, vote_dim: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """The routing step on votes laid out [..., I (child_dim), ..., K (vote_dim), ...]: returns (s_j, c_ij), s with
     both axes removed and c with the vote axis removed; e.g. votes [B, I, K, J, D] -> s [B, J, D], c [B, I, J, D].
-    Differentiable once (its backward is written out: _ClusterRoute)."""
-    s, c = _ClusterRoute.apply(votes, child_dim, vote_dim)
+    Differentiable once (its backward is written out: _ClusterRoute). float64 votes are routed in float64, any
+    other (e.g. bf16 under autocast) in float32: σ² of a few votes loses every digit in bf16."""
+    if votes.dtype != torch.float64:
+        votes = votes.float()
+    with torch.autocast(device_type=votes.device.type, enabled=False):
+        s, c = _ClusterRoute.apply(votes, child_dim, vote_dim)
     return s.squeeze(vote_dim).squeeze(child_dim), c.squeeze(vote_dim)
 
 
@@ -164,11 +168,13 @@ class ClusterRoutingFC(nn.Module):
         return v.view(n_in, u.shape[0], k, n_out, d)
 
     def route(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """u [B, I, N] -> (s_j [B, J, D], c_ij [I, B, J, D])."""
-        if self.fast and self.in_d < 2 * self.votes - 2:
-            mean, var = cluster_moments(u, self.weight, self.bias)  # μ_ij, σ²_ij  [I, B, J, D]
-            return combine(mean, var, dim=0)
-        return cluster_route(self.cluster_votes(u), child_dim=0, vote_dim=2)
+        """u [B, I, N] -> (s_j [B, J, D], c_ij [I, B, J, D]); in float64 for float64 u, else in float32."""
+        u = u if u.dtype == torch.float64 else u.float()
+        with torch.autocast(device_type=u.device.type, enabled=False):
+            if self.fast and self.in_d < 2 * self.votes - 2:
+                mean, var = cluster_moments(u, self.weight, self.bias)  # μ_ij, σ²_ij  [I, B, J, D]
+                return combine(mean, var, dim=0)
+            return cluster_route(self.cluster_votes(u), child_dim=0, vote_dim=2)
 
     def coefficients(self, u: torch.Tensor) -> torch.Tensor:
         """The routing weights c_ij for u [B, I, N]: [B, I, J, D], summing to 1 over the children i."""

@@ -17,13 +17,11 @@ output is read as [C_in, K, C_out, D], and the routing is one pass over every ch
 image, not capsules: each of its C_in "input channels" convolves the same image (`image_input=True`: one
 convolution with C_in·K·C_out·D outputs).
 
-Parameters: weight [C_in·K·C_out·D, D_in, k, k] (input channel i's block is the authors' conv_trans[i].weight),
-bias [C_in·K·C_out·D], drawn as PyTorch draws a convolution's; LayerNorm γ = 1, β = 0.
+Parameters: `conv`, weight [C_in·K·C_out·D, D_in, k, k] (input channel i's block is the authors'
+conv_trans[i].weight) and bias [C_in·K·C_out·D], drawn as PyTorch draws a convolution's; LayerNorm γ = 1, β = 0.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -57,9 +55,9 @@ class ClusterRoutingConv(nn.Module):
         self.in_channels, self.out_channels, self.in_d, self.out_d = in_channels, out_channels, in_d, out_d
         self.votes, self.stride, self.padding, self.image_input = votes, stride, padding, image_input
         n_votes = in_channels * votes * out_channels * out_d
-        bound = 1.0 / math.sqrt(in_d * kernel_size * kernel_size)
-        self.weight = nn.Parameter(torch.empty(n_votes, in_d, kernel_size, kernel_size).uniform_(-bound, bound))
-        self.bias = nn.Parameter(torch.empty(n_votes).uniform_(-bound, bound)) if bias else None
+        # the C_in vote convolutions as one: PyTorch's default draw is the authors' (U(±1/√(D_in·k·k)))
+        self.conv = nn.Conv2d(in_d if image_input else in_channels * in_d, n_votes, kernel_size, stride=stride,
+                              padding=padding, bias=bias, groups=1 if image_input else in_channels)  # fmt: skip
         self.norm = nn.LayerNorm([out_d, *out_hw])
 
     def extra_repr(self) -> str:
@@ -68,10 +66,7 @@ class ClusterRoutingConv(nn.Module):
 
     def cluster_votes(self, x: torch.Tensor) -> torch.Tensor:
         """V^k_ij for every location: [B, C_in, K, C_out, D, H', W']."""
-        groups = 1 if self.image_input else self.in_channels
-        flat = x if self.image_input else x.flatten(1, 2)  # [B, C_in·D_in, H, W] (or the image [B, D_in, H, W])
-        v = F.conv2d(flat, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype),
-                     stride=self.stride, padding=self.padding, groups=groups)  # [B, C_in·K·C_out·D, H', W']  # fmt: skip
+        v = self.conv(x if self.image_input else x.flatten(1, 2))  # [B, C_in·K·C_out·D, H', W']
         return v.view(v.shape[0], self.in_channels, self.votes, self.out_channels, self.out_d, *v.shape[-2:])
 
     def forward(
