@@ -67,8 +67,9 @@ def _copy_layer(ours: ClusterRoutingConv, layer, n_in: int) -> None:
 
 def _grads(out: torch.Tensor, params: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(7)
-    return torch.autograd.grad((out * torch.randn(out.shape, generator=g, dtype=out.dtype)).sum(), params,
-                               allow_unused=True)  # (their unused convolutions have none)
+    return torch.autograd.grad(
+        (out * torch.randn(out.shape, generator=g, dtype=out.dtype)).sum(), params, allow_unused=True
+    )  # (their unused convolutions have none)
 
 
 @pytest.mark.parametrize("first", [False, True])
@@ -107,7 +108,9 @@ def test_fc_layer_is_their_layer_on_a_one_by_one_grid(theirs):
         fc = ClusterRoutingFC(n_in, n_out, d_in, d_out, votes=votes, fast=fast).double()
         with torch.no_grad():
             for i in range(n_in):  # [K·J·D, N] -> [N, K, J, D]
-                fc.weight[i] = layer.conv_trans[i].weight[:, :, 1, 1].view(votes, n_out, d_out, d_in).permute(3, 0, 1, 2)
+                fc.weight[i] = (
+                    layer.conv_trans[i].weight[:, :, 1, 1].view(votes, n_out, d_out, d_in).permute(3, 0, 1, 2)
+                )
                 fc.bias[i] = layer.conv_trans[i].bias.view(votes, n_out, d_out)
             fc.norm.weight.copy_(layer.acti.weight.view(-1))
             fc.norm.bias.copy_(layer.acti.bias.view(-1))

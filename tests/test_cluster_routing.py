@@ -118,7 +118,9 @@ def test_children_are_exchangeable_and_the_parents_layer_normed():
     torch.testing.assert_close(layer(u), permuted(u[:, perm]))
     v = layer(u)
     torch.testing.assert_close(v.mean(dim=2), torch.zeros(4, 2, dtype=torch.float64))
-    torch.testing.assert_close(v.var(dim=2, correction=0), torch.ones(4, 2, dtype=torch.float64), rtol=1e-2, atol=0)  # (ε = 1e-5)
+    torch.testing.assert_close(
+        v.var(dim=2, correction=0), torch.ones(4, 2, dtype=torch.float64), rtol=1e-2, atol=0
+    )  # (ε = 1e-5)
 
 
 def test_fast_paths_equal_the_computation_as_written_and_every_parameter_learns():
@@ -171,7 +173,9 @@ def test_conv_votes_are_one_convolution_per_input_channel(image_input):
     votes = layer.cluster_votes(x)  # [B, I, K, J, D, H', W']
     for i in range(3):
         block = slice(i * 20, (i + 1) * 20)
-        want = F.conv2d(x if image_input else x[:, i], layer.conv.weight[block], layer.conv.bias[block], stride=2, padding=1)
+        want = F.conv2d(
+            x if image_input else x[:, i], layer.conv.weight[block], layer.conv.bias[block], stride=2, padding=1
+        )
         torch.testing.assert_close(votes[:, i], want.view(2, 2, 2, 5, 3, 3))
     out = layer(x)
     assert out.shape == (2, 2, 5, 3, 3)

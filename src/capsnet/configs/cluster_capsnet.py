@@ -37,7 +37,9 @@ class ClusterCapsNetConfig(RecordedData):
         if self.votes < 2:
             raise ConfigError(f"votes must be >= 2 (one vote has no spread), got {self.votes}")
         if len(self.strides) < 2 or min(self.strides) < 1:
-            raise ConfigError(f"strides need one positive value per capsule layer, at least 2, got {list(self.strides)}")
+            raise ConfigError(
+                f"strides need one positive value per capsule layer, at least 2, got {list(self.strides)}"
+            )
         self._check_recorded(self.n_classes)
 
     @property

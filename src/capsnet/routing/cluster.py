@@ -63,14 +63,14 @@ class _ClusterRoute(torch.autograd.Function):
         total = r.sum(dim=child_dim, keepdim=True)  # Σ_i σ_ij⁻¹
         c = r / total  # c_ij = softmax_i(−log σ_ij)
         s = (c * mean).sum(dim=child_dim, keepdim=True)  # s_j = Σ_i c_ij μ_ij
-        ctx.save_for_backward(votes, mean, r, c, s, floored)
+        ctx.save_for_backward(votes, mean, r, c, floored)
         ctx.dims = (child_dim, vote_dim)
         return s, c
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, g_s: torch.Tensor, g_c: torch.Tensor | None) -> tuple[torch.Tensor, None, None]:
-        votes, mean, r, c, s, floored = ctx.saved_tensors
+        votes, mean, r, c, floored = ctx.saved_tensors
         child_dim, vote_dim = ctx.dims
         k = votes.shape[vote_dim]
         g_mean = c * g_s  # ∂L/∂μ_ij through s_j

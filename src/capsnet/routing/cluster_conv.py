@@ -62,7 +62,8 @@ class ClusterRoutingConv(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_channels={self.in_channels}, out_channels={self.out_channels}, in_d={self.in_d}, "
-                f"out_d={self.out_d}, votes={self.votes}, stride={self.stride}, image_input={self.image_input}")  # fmt: skip
+                f"out_d={self.out_d}, votes={self.votes}, stride={self.stride}, "
+                f"image_input={self.image_input}")  # fmt: skip
 
     def cluster_votes(self, x: torch.Tensor) -> torch.Tensor:
         """V^k_ij for every location: [B, C_in, K, C_out, D, H', W']."""
