@@ -1,6 +1,7 @@
 """Cluster routing: capsnet's layers vs the authors' released code, side by side in one process, forward+backward.
 
-    python benchmarks/bench_cluster.py --authors DIR [--batch-size 16] [--repeats 3] [--threads N] [--only NAME,...]
+    python benchmarks/bench_cluster.py --authors DIR [--batch-size 16] [--fc-batch-size 64] [--repeats 3]
+        [--threads N] [--only NAME,...]
 
 DIR holds the authors' repository (github.com/ZHAOZHIHAO/ClusterRouting): a checkout, or the folder `fetch` makes
 (a bare git repository in DIR/repo, read with `git archive`); default: $CAPSNET_AUTHORS_CODE/ZHAOZHIHAO+ClusterRouting.
@@ -98,12 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--authors", type=Path, default=None, help="folder of the authors' repository")
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--fc-batch-size", type=int, default=64, help="batch of the fc row (CapsNet trains at 64)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--only", default="", help="comma list of rows (caps1..caps5, model, fc)")
     a = p.parse_args(argv)
-    if a.batch_size < 1 or a.repeats < 1 or (a.threads is not None and a.threads < 1):
-        p.error("--batch-size, --repeats and --threads must be >= 1")
+    if min(a.batch_size, a.fc_batch_size, a.repeats) < 1 or (a.threads is not None and a.threads < 1):
+        p.error("--batch-size, --fc-batch-size, --repeats and --threads must be >= 1")
     folder = a.authors or Path(os.environ.get("CAPSNET_AUTHORS_CODE", ".")) / "ZHAOZHIHAO+ClusterRouting"
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -139,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             fast = ClusterRoutingFC(1152, 10, 8, 16)
             slow = ClusterRoutingFC(1152, 10, 8, 16, fast=False)
             slow.load_state_dict(fast.state_dict())
-            u = torch.randn(a.batch_size, 1152, 8, requires_grad=True)
-            print("fc: 'authors' is the same layer forming its K votes (fast=False)")
+            u = torch.randn(a.fc_batch_size, 1152, 8, requires_grad=True)
+            print(f"fc (batch {a.fc_batch_size}): 'authors' is the same layer forming its K votes (fast=False)")
             ok &= compare("fc", slow, fast, u, a.repeats)
     return 0 if ok else 1
 
