@@ -252,3 +252,17 @@ def test_cli_trains_cluster_capsnet_and_reloads_it(tmp_path, capsys):
     assert main(["train", "--model", "cluster-capsnet", "--out", str(out), *QUICK, *small]) == 0
     model = load_pretrained(out / "best")
     assert type(model) is ClusterCapsNet and model.config.strides == (2, 2, 1)
+
+
+def test_cluster_capsnet_names_the_authors_input_pipelines():
+    from capsnet.data.imageaug import AugmentSpec
+    from capsnet.data.sources import FORMATS
+
+    recipes = ClusterCapsNet.data_recipes
+    assert set(recipes) == {"cifar10", "svhn"} <= set(FORMATS)
+    cifar, svhn = (AugmentSpec.parse(recipes[k]["augment"]) for k in ("cifar10", "svhn"))
+    # RandomCrop(32, padding=4) = a shift of up to 4 px filled with zeros; Normalize per channel
+    assert (cifar.shift, cifar.zero_fill, cifar.flip, cifar.contrast, cifar.channel_standardize) == (
+        4, True, True, (0.8, 1.2), True)  # fmt: skip
+    assert (svhn.shift, svhn.zero_fill, svhn.flip, svhn.channel_standardize) == (4, True, False, True)
+    assert ClusterCapsNet.default_batch_size == 64
