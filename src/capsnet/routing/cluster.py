@@ -57,7 +57,8 @@ class _ClusterRoute(torch.autograd.Function):
     def forward(ctx: Any, votes: torch.Tensor, child_dim: int, vote_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
         k = votes.shape[vote_dim]
         mean = votes.mean(dim=vote_dim, keepdim=True)  # μ_ij
-        var = torch.linalg.vector_norm(votes - mean, dim=vote_dim, keepdim=True).square_().div_(k)  # σ²_ij
+        # σ²_ij (a sum over the middle axis K is a fast reduction on CPU; vector_norm and var_mean there are not)
+        var = (votes - mean).square_().sum(dim=vote_dim, keepdim=True).div_(k)
         floored = var < torch.finfo(var.dtype).tiny
         r = var.clamp_min(torch.finfo(var.dtype).tiny).rsqrt()  # σ_ij⁻¹
         total = r.sum(dim=child_dim, keepdim=True)  # Σ_i σ_ij⁻¹
