@@ -114,8 +114,8 @@ def test_fc_layer_is_their_layer_on_a_one_by_one_grid(theirs):
                 fc.bias[i] = layer.conv_trans[i].bias.view(votes, n_out, d_out)
             fc.norm.weight.copy_(layer.acti.weight.view(-1))
             fc.norm.bias.copy_(layer.acti.bias.view(-1))
-        u = torch.randn(16, n_in, d_in, dtype=torch.float64, requires_grad=True)
-        assert moments_pay(16, d_in, votes)  # (fast: the moments path)
+        u = torch.randn(32, n_in, d_in, dtype=torch.float64, requires_grad=True)
+        assert moments_pay(32, d_in, votes)  # (fast: the moments path)
         want = torch.stack(layer([c[..., None, None] for c in u.unbind(1)]), dim=1)[..., 0, 0]  # [B, J, D]
         got = fc(u)
         torch.testing.assert_close(got, want, **TOL)

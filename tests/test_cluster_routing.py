@@ -65,8 +65,8 @@ def _fc(n_in=3, n_out=2, d_in=2, d_out=3, votes=4, seed=0, **kw):
 @pytest.mark.parametrize("fast", [True, False])
 def test_fc_layer_is_the_loop_transcription_in_value_and_gradient(fast):
     layer = _fc(fast=fast)
-    assert layer.fast == fast and moments_pay(6, layer.in_d, layer.votes)  # the moments path runs when fast
-    u = torch.randn(6, 3, 2, dtype=torch.float64, requires_grad=True)
+    assert layer.fast == fast and moments_pay(12, layer.in_d, layer.votes)  # the moments path runs when fast
+    u = torch.randn(12, 3, 2, dtype=torch.float64, requires_grad=True)
     params = [u, layer.weight, layer.bias, layer.norm.weight, layer.norm.bias]
     got, want = layer(u), loops(u, layer.weight, layer.bias, layer.norm.weight, layer.norm.bias)
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
@@ -83,8 +83,8 @@ def test_routing_step_gradcheck_and_the_written_backward():
     u = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: layer(x), (u,))
     moments = _fc(votes=4)
-    assert moments_pay(6, 2, 4) and not moments_pay(6, 6, 3)
-    assert torch.autograd.gradcheck(lambda x: moments(x), (torch.randn(6, 3, 2, dtype=torch.float64,
+    assert moments_pay(12, 2, 4) and not moments_pay(12, 6, 3)
+    assert torch.autograd.gradcheck(lambda x: moments(x), (torch.randn(12, 3, 2, dtype=torch.float64,
                                                                          requires_grad=True),))  # fmt: skip
 
 
@@ -129,8 +129,8 @@ def test_fast_paths_equal_the_computation_as_written_and_every_parameter_learns(
     fast = ClusterRoutingFC(40, 10, 8, 16)
     slow = ClusterRoutingFC(40, 10, 8, 16, fast=False)
     slow.load_state_dict(fast.state_dict())
-    u = torch.randn(24, 40, 8, requires_grad=True)
-    assert moments_pay(24, 8, 8) and not moments_pay(23, 8, 8)  # (the batch pays for M from 24 images)
+    u = torch.randn(48, 40, 8, requires_grad=True)
+    assert moments_pay(48, 8, 8) and not moments_pay(47, 8, 8)  # (the batch pays for M from 48 images)
     torch.testing.assert_close(fast(u), slow(u), rtol=1e-4, atol=1e-4)
     fast(u).square().sum().backward()
     assert torch.isfinite(u.grad).all() and u.grad.abs().sum() > 0

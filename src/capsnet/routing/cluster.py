@@ -125,10 +125,11 @@ def cluster_moments(
 
 def moments_pay(batch: int, in_d: int, votes: int) -> bool:
     """Whether :func:`cluster_moments` is the cheaper path: per image it multiplies P(P+1)/2 numbers per output
-    against the votes' P·K (P = in_d + 1), and per step it forms M once, P²·K per output: it pays from a batch of
-    P²K / (PK − P(P+1)/2) images, 24 at CapsNet's 1152 × 8 → 10 × 16 with K = 8 (docs/benchmarks.md)."""
+    against the votes' P·K (P = in_d + 1), and per step it forms M once, P²·K per output in small batched matmuls
+    (measured at about twice their multiply count in time): it pays from a batch of 2P²K / (PK − P(P+1)/2) images,
+    48 at CapsNet's 1152 × 8 → 10 × 16 with K = 8 (docs/benchmarks.md)."""
     p = in_d + 1
-    return batch * (p * votes - p * (p + 1) // 2) >= p * p * votes
+    return batch * (p * votes - p * (p + 1) // 2) >= 2 * p * p * votes
 
 
 class ClusterRoutingFC(nn.Module):
