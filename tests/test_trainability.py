@@ -21,6 +21,7 @@ from capsnet.models.registry import MODELS
 FLOOR = {
     "baseline": 0.0,
     "capsnet": 0.0,
+    "cluster-capsnet": 0.0,
     "deepcaps": 0.0,
     "efficient-capsnet": 0.0,
     "em-capsnet": 0.0,

@@ -122,6 +122,14 @@ ROUTINGS: dict[str, RoutingRecord] = {r.name: r for r in [
         iterations=2, probability="classifier",
     ),
     RoutingRecord(
+        name="cluster", layer="capsnet.routing.cluster:ClusterRoutingFC", method="non-iterative cluster routing",
+        classes=("ClusterRoutingFC", "ClusterRoutingConv"), paper="Zhao & Cheng, Neural Networks 2021",
+        equations="V^k_ij = W^k_ij u_i + b^k_ij, k = 1..K; μ_ij, σ_ij mean and std of the K votes, per dimension; "
+                  "c_ij = softmax_i(−log σ_ij); v_j = LayerNorm(Σ_i c_ij μ_ij); no iterations",
+        probability="classifier", fast_paths=("gemm",), options={"cluster_votes": "votes"},
+        models=("cluster-capsnet",),
+    ),
+    RoutingRecord(
         name="3d", layer=None, method="3D dynamic routing", classes=("ConvCaps3D",),
         paper="Rajasegaran et al., CVPR 2019 (DeepCaps)",
         equations="V_i = W ∗ u_i (one 3D convolution shared by the input types); k_i = softmax_3D(b_i) over "

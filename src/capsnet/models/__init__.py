@@ -11,6 +11,7 @@ from .baseline import BaselineCNN, BaselineConfig
 from .em_capsnet import EMCapsNet, EMCapsNetConfig, EMCapsNetOutput
 from . import efficient_capsnet, inverted_attention_capsnet, self_routing_capsnet, hvc_capsnet, deepcaps
 from . import heinsen_capsnet
+from . import cluster_capsnet
 # isort: on
 
 from .factory import create_model, list_models
@@ -28,6 +29,7 @@ __all__ = [
     "EMCapsNetConfig",
     "EMCapsNetOutput",
     "Pretrained",
+    "cluster_capsnet",
     "create_model",
     "deepcaps",
     "efficient_capsnet",

@@ -13,6 +13,8 @@ May import: capsnet.nn and the foundation modules (errors, fileio, config); neve
 from ..configs.routings import ROUTINGS
 from .backend import BACKENDS, get_backend, set_backend, use_backend
 from .base import RoutingLayer, RoutingOutput, weight_spread
+from .cluster import ClusterRoutingFC, cluster_route
+from .cluster_conv import ClusterRoutingConv
 from .dynamic import Router, RoutingResult, default_weight_std, dynamic_routing, route_votes
 from .dynamic_fast import fast_dynamic_routing
 from .em import EMResult, em_routing
@@ -28,6 +30,8 @@ __all__ = [
     "BACKENDS",
     "ROUTINGS",
     "ClassCaps",
+    "ClusterRoutingConv",
+    "ClusterRoutingFC",
     "ConvCaps",
     "EMResult",
     "EMRoutingFC",
@@ -43,6 +47,7 @@ __all__ = [
     "SelfAttentionRouter",
     "SelfRoutingConv",
     "SelfRoutingFC",
+    "cluster_route",
     "concurrent_routing",
     "default_weight_std",
     "dynamic_routing",
