@@ -91,3 +91,28 @@ def routing_kernel(monkeypatch):
 
     monkeypatch.delenv("CAPSNET_NO_EXT", raising=False)
     return dynamic_cpu.build()
+
+
+@pytest.fixture
+def one_rank_ddp(monkeypatch):
+    """A one-process gloo group that capsnet's training takes for a torchrun launch: the model is wrapped in
+    DistributedDataParallel (which refuses, on the second step, a parameter without a gradient) and every
+    collective runs, on one rank. The in-process check of what needs no second process; yields, for each DDP
+    wrapper made, the wrapped module and a copy of its state at that moment (so a test sees that the path ran)."""
+    import torch.distributed as dist
+
+    from capsnet.training import distributed
+
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    monkeypatch.setattr(distributed.DistInfo, "enabled", property(lambda self: dist.is_initialized()))
+    wrapped: list[tuple[torch.nn.Module, dict[str, torch.Tensor]]] = []
+    real = torch.nn.parallel.DistributedDataParallel
+
+    def wrap(module, *args, **kwargs):
+        wrapped.append((module, {k: v.detach().clone() for k, v in module.state_dict().items()}))
+        return real(module, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", wrap)
+    yield wrapped
+    if dist.is_initialized():  # (training's teardown destroys it at the end of a run)
+        dist.destroy_process_group()
