@@ -148,30 +148,6 @@ def test_a_failed_build_leaves_the_environment_as_it_was(monkeypatch, tmp_path):
     assert dict(os.environ) == before
 
 
-@pytest.mark.slow
-def test_the_first_build_prints_exactly_one_line_and_keeps_os_environ(tmp_path):
-    """A real (explicit) build in an empty extension cache, in a fresh interpreter: one notice line on stderr,
-    nothing else, and os.environ as it was before the build (after `import capsnet`: torch's own import-time
-    settings aside)."""
-    import os
-    import subprocess
-    import sys
-
-    code = (
-        "import os, capsnet\n"
-        "from capsnet.routing import dynamic_cpu\n"
-        "before = dict(os.environ)\n"
-        "dynamic_cpu.build()\n"
-        "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "CAPSNET_NO_EXT"}
-    env["CAPSNET_EXTENSIONS"] = str(tmp_path / "extensions")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("capsnet: compiling the fused CPU routing kernel"), lines
-
-
 def test_the_build_key_names_torch_python_and_the_compiler_and_changes_the_name():
     key = extension.build_key()
     assert key["torch"] == torch.__version__ and key["flavour"] in ("cpu", f"cuda{torch.version.cuda}")
@@ -202,19 +178,46 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("twice", &twice); }
 """
 
 
+# A first build in a fresh interpreter, with build key A: it asserts that os.environ is as before the build (after
+# `import capsnet`: torch's own import-time settings aside).
+FIRST_BUILD = """
+import os, sys
+from pathlib import Path
+from capsnet.routing import extension
+extension._cpu_model = lambda: "this cpu"
+before = dict(os.environ)
+key = {**extension.build_key(), "torch": "2.13.0"}
+module = extension.build_extension(Path(sys.argv[1]), "capsnet_tiny", notice="the tiny kernel", key=key)
+assert module.twice(__import__("torch").ones(2)).tolist() == [2.0, 2.0]
+assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())
+"""
+
+
 @pytest.mark.slow
-def test_two_build_keys_keep_two_builds_and_each_is_found_without_compiling(monkeypatch, tmp_path, capsys):
-    """Two venvs (here: two torch versions in the key) alternating on one machine: each build has its folder, and
-    loading either again compiles nothing (no notice line)."""
+def test_builds_print_one_line_keep_os_environ_and_two_build_keys_keep_two_builds(monkeypatch, tmp_path, capsys):
+    """A real build in an empty cache, in a fresh interpreter: one notice line on stderr, nothing else, and
+    os.environ as it was. Then a second venv (here: another torch version in the key) on the same machine: each
+    build has its folder, and loading either again compiles nothing (no notice line). Two compilations of a tiny
+    kernel (the routing kernels' own builds: tests/test_routing_cpu.py, tests/test_inverted_attention_cpu.py)."""
+    import os
+    import subprocess
+    import sys
+
     monkeypatch.setenv("CAPSNET_EXTENSIONS", str(tmp_path / "ext"))
     source = tmp_path / "tiny.cpp"
     source.write_text(TINY)
+    env = {k: v for k, v in os.environ.items() if k != "CAPSNET_NO_EXT"}
+    r = subprocess.run(
+        [sys.executable, "-c", FIRST_BUILD, str(source)], capture_output=True, text=True, timeout=900, env=env
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("capsnet: compiling the tiny kernel"), lines
     monkeypatch.setattr(extension, "_cpu_model", lambda: "this cpu")
     keys = [{**extension.build_key(), "torch": version} for version in ("2.13.0", "2.99.0")]
-    for key in keys:
-        module = extension.build_extension(source, "capsnet_tiny", notice="the tiny kernel", key=key)
-        assert module.twice(torch.ones(2)).tolist() == [2.0, 2.0]
-    assert capsys.readouterr().err.count("capsnet: compiling the tiny kernel") == 2
+    module = extension.build_extension(source, "capsnet_tiny", notice="the tiny kernel", key=keys[1])
+    assert module.twice(torch.ones(2)).tolist() == [2.0, 2.0]
+    assert capsys.readouterr().err.count("capsnet: compiling the tiny kernel") == 1
     built = sorted(p.name for p in (tmp_path / "ext").iterdir() if p.is_dir() and extension.is_built(p.name))
     assert len(built) == 2 and built == sorted(extension_name("capsnet_tiny", TINY, "this cpu", key) for key in keys)
     for key in keys:  # found again without compiling, in either order
