@@ -108,3 +108,19 @@ def test_a_kernel_that_does_not_build_is_one_line_and_exit_2(fresh_cache, monkey
     assert captured.err == (
         "capsnet build-kernels: error: cannot build the fused CPU routing kernel: OSError: no compiler second line\n"
     )
+
+
+def test_a_cached_build_without_native_flags_is_loaded_without_compiling_the_native_one(
+    fresh_cache, monkeypatch, capsys
+):
+    """Where -march=native did not build, the cache holds the generic build: loading it tries no compilation."""
+    import torch.utils.cpp_extension
+
+    ext = LazyExtension("routing_cpu", what="the test kernel", fallback="plain ops")
+    monkeypatch.setattr(extension, "is_built", lambda name: "_generic_" in name)
+    monkeypatch.setattr(
+        torch.utils.cpp_extension, "load_inline", lambda *, name, **_: fresh_cache.append(name) or _Module()
+    )
+    assert ext.usable("auto")
+    (name,) = fresh_cache
+    assert name.startswith("capsnet_routing_cpu_generic_") and capsys.readouterr().err == ""

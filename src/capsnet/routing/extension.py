@@ -208,6 +208,7 @@ def build_extension(
         (extension_name(prefix, source, _cpu_model(), key), ["-O3", "-march=native", "-mprefer-vector-width=512"]),
         (extension_name(prefix, source, None, key), ["-O3"]),
     )
+    variants = tuple(sorted(variants, key=lambda v: not is_built(v[0])))  # a cached build first: nothing compiles
     with build_environment():
         for name, flags in variants:
             folder = extensions_root() / name
