@@ -204,11 +204,11 @@ def build_extension(
     source = extension_source(source_path)
     key = build_key() if key is None else key
     errors = []
-    variants = (
+    variants = [
         (extension_name(prefix, source, _cpu_model(), key), ["-O3", "-march=native", "-mprefer-vector-width=512"]),
         (extension_name(prefix, source, None, key), ["-O3"]),
-    )
-    variants = tuple(sorted(variants, key=lambda v: not is_built(v[0])))  # a cached build first: nothing compiles
+    ]
+    variants.sort(key=lambda v: not is_built(v[0]))  # a cached build first: loading it compiles nothing
     with build_environment():
         for name, flags in variants:
             folder = extensions_root() / name
