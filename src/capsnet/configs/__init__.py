@@ -8,7 +8,7 @@ May import: the foundation modules; never nn, routing, models or above.
 # The registration order is the order `capsnet models` and `--model` list the models in.
 # isort: off
 from . import capsnet, baseline, em_capsnet, efficient_capsnet
-from . import inverted_attention_capsnet, self_routing_capsnet, hvc_capsnet, deepcaps
+from . import inverted_attention_capsnet, self_routing_capsnet, hvc_capsnet, deepcaps, heinsen_capsnet
 # isort: on
 
 from .base import MODEL_CONFIGS, config_name
@@ -21,6 +21,7 @@ __all__ = [
     "deepcaps",
     "efficient_capsnet",
     "em_capsnet",
+    "heinsen_capsnet",
     "hvc_capsnet",
     "inverted_attention_capsnet",
     "self_routing_capsnet",

@@ -10,6 +10,7 @@ from .capsnet import CapsNet, CapsNetConfig, CapsNetOutput
 from .baseline import BaselineCNN, BaselineConfig
 from .em_capsnet import EMCapsNet, EMCapsNetConfig, EMCapsNetOutput
 from . import efficient_capsnet, inverted_attention_capsnet, self_routing_capsnet, hvc_capsnet, deepcaps
+from . import heinsen_capsnet
 # isort: on
 
 from .factory import create_model, list_models
@@ -30,6 +31,7 @@ __all__ = [
     "create_model",
     "deepcaps",
     "efficient_capsnet",
+    "heinsen_capsnet",
     "hvc_capsnet",
     "inverted_attention_capsnet",
     "list_models",

@@ -17,6 +17,8 @@ from .dynamic import Router, RoutingResult, default_weight_std, dynamic_routing,
 from .dynamic_fast import fast_dynamic_routing
 from .em import EMResult, em_routing
 from .em_fc import EMRoutingFC
+from .heinsen import HeinsenRouting, generative_routing
+from .heinsen_vector import HeinsenVectorRouting
 from .inverted_attention import InvertedAttentionConv, InvertedAttentionFC, concurrent_routing
 from .matrix_capsules import ClassCaps, ConvCaps, PrimaryMatrixCaps
 from .self_attention import SelfAttentionRouter, self_attention_routing
@@ -29,6 +31,8 @@ __all__ = [
     "ConvCaps",
     "EMResult",
     "EMRoutingFC",
+    "HeinsenRouting",
+    "HeinsenVectorRouting",
     "InvertedAttentionConv",
     "InvertedAttentionFC",
     "PrimaryMatrixCaps",
@@ -44,6 +48,7 @@ __all__ = [
     "dynamic_routing",
     "em_routing",
     "fast_dynamic_routing",
+    "generative_routing",
     "get_backend",
     "route_votes",
     "self_attention_routing",
