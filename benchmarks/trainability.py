@@ -22,8 +22,8 @@ from capsnet.data.synthetic import CASES, make_case, write_folder
 from capsnet.experiments.zoo import cpu_name, git_commit
 from capsnet.models.registry import MODELS
 from capsnet.results import Row, with_accuracies, write_rows
+from capsnet.training.api import train
 from capsnet.training.config import TrainConfig
-from capsnet.training.loop import train
 
 # Images per class of each case: training (of which the run holds out a tenth for validation) and test.
 SIZES = {"shapes": (100, 100), "two-shapes": (100, 100), "shapes-20": (30, 30), "color-digits": (60, 50),

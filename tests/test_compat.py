@@ -14,9 +14,10 @@ from capsnet import CapsNet, CapsNetConfig, ConfigError, load_pretrained
 from capsnet.cli import main
 from capsnet.config import from_dict
 from capsnet.data import Split, load_dataset
+from capsnet.training.api import train
 from capsnet.training.checkpoint import read_summary
-from capsnet.training.evaluate import evaluate
-from capsnet.training.loop import TrainConfig, train
+from capsnet.training.config import TrainConfig
+from capsnet.training.evaluator import evaluate
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run-0.1.0"
 

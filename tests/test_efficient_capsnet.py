@@ -20,9 +20,10 @@ from capsnet.errors import ConfigError, DatasetError
 from capsnet.models.efficient_capsnet import EfficientCapsNet, EfficientCapsNetConfig
 from capsnet.models.recipe import InputRecipe, recipe_of
 from capsnet.nn.keras_init import TRUNCATION_STD, keras_fans
+from capsnet.training.classification import ClassificationTask
 from capsnet.training.config import TrainConfig
-from capsnet.training.evaluate import evaluate, predict
-from capsnet.training.tasks import ClassificationTask
+from capsnet.training.evaluate import predict
+from capsnet.training.evaluator import evaluate
 
 
 def n_params(m: torch.nn.Module) -> int:

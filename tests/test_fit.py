@@ -23,7 +23,7 @@ import capsnet
 from capsnet.data import Split
 from capsnet.errors import CapsNetError, CheckpointError, ConfigError, DatasetError
 from capsnet.training.checkpoint import load_state, read_summary
-from capsnet.training.evaluate import evaluate
+from capsnet.training.evaluator import evaluate
 from capsnet.training.loader import LoaderTask, SeededSampler
 
 QUIET = {"progress": False, "tensorboard": False, "device": "cpu"}

@@ -121,7 +121,7 @@ def test_bad_input_through_train_is_one_line_exit_2_nothing_written(tmp_path, ca
 
 def test_memory_estimate_stops_oversized_training_before_allocating(tmp_path, capsys, monkeypatch):
     from capsnet.errors import ConfigError
-    from capsnet.training import memory
+    from capsnet.models import memory
 
     big = CapsNetConfig(in_channels=3, image_size=224)
     small = CapsNetConfig(in_channels=3, image_size=224, conv1_stride=2)

@@ -20,11 +20,12 @@ from capsnet.models.export import export_model
 from capsnet.models.recipe import InputRecipe, model_input, recipe_of
 from capsnet.nn.standardize import per_image_standardize
 from capsnet.training import distributed as dist_utils
+from capsnet.training.classification import ClassificationTask
 from capsnet.training.ensemble import Ensemble
-from capsnet.training.evaluate import evaluate, predict
+from capsnet.training.evaluate import predict
+from capsnet.training.evaluator import evaluate
 from capsnet.training.graphs import StepGraph
 from capsnet.training.loader import LoaderTask
-from capsnet.training.tasks import ClassificationTask
 
 N = 6
 RECIPES = ["identity", "divide-256", "channel-standardize", "digits"]

@@ -15,9 +15,10 @@ from safetensors.torch import load_file
 
 from capsnet.cli import main
 from capsnet.errors import CheckpointError, ConfigError
-from capsnet.training import resume, tasks
+from capsnet.training import classification, resume
+from capsnet.training.api import train
 from capsnet.training.checkpoint import load_state, read_summary
-from capsnet.training.loop import TrainConfig, train
+from capsnet.training.config import TrainConfig
 from capsnet.training.record import MAY_CHANGE
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run-0.1.0"
@@ -64,7 +65,7 @@ def test_resume_without_repeating_the_flags_continues_the_same_run(tmp_path, rgb
     [
         (["--dataset", "mnist-sample"], "--dataset mnist-sample conflicts with the run's recorded --dataset {rgb}"),
         (["--batch-size", "4"], "--batch-size 4 conflicts with the run's recorded --batch-size 8"),
-        (["--seed", "1", "--shift", "0"], "--shift 0 conflicts with the run's recorded --shift 2 (also --seed 1)"),
+        (["--seed", "1", "--shift", "0"], "--seed 1 conflicts with the run's recorded --seed 0 (also --shift 0)"),
         (["--routing-iterations", "1"], "--routing-iterations 1 conflicts with the run's recorded --routing-iter"),
         (["--model", "baseline"], "--model baseline conflicts with the run's recorded --model capsnet"),
         (["--channels", "4", "4"], "--channels 4 4 is not an option of the run's model capsnet"),
@@ -124,7 +125,7 @@ def test_train_with_a_config_that_disagrees_is_refused_before_any_data_is_read(t
     def no_data(*args, **kwargs):
         raise AssertionError("the data set was read")
 
-    monkeypatch.setattr(tasks, "load_dataset", no_data)
+    monkeypatch.setattr(classification, "load_dataset", no_data)
     with pytest.raises(ConfigError, match=rf"dataset='mnist-sample' conflicts with the run's recorded dataset='{rgb}'"
                        r".*capsnet.training.resume\(OUT, \*\*changes\)"):  # fmt: skip
         train(TrainConfig(out=str(tmp_path / "run"), resume=True, epochs=2, progress=False))

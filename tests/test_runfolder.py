@@ -25,9 +25,9 @@ from capsnet.cli import build_parser, main
 from capsnet.config import to_dict
 from capsnet.errors import ConfigError, DatasetError, RunFolderError
 from capsnet.models.efficient_capsnet import EfficientCapsNet
+from capsnet.training.api import train
 from capsnet.training.checkpoint import load_state, read_summary
 from capsnet.training.config import TrainConfig
-from capsnet.training.loop import train
 from capsnet.training.record import RECORD_MARK, recorded_settings, resumed_configs
 from capsnet.training.runfolder import LOCK_NAME
 

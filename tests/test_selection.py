@@ -21,10 +21,10 @@ import capsnet
 from capsnet.cli import main
 from capsnet.errors import ConfigError
 from capsnet.training import resume
+from capsnet.training.api import train
 from capsnet.training.checkpoint import load_state, read_summary
-from capsnet.training.ema import WeightAverage
-from capsnet.training.loop import TrainConfig, train
-from capsnet.training.monitor import DEFAULT_MONITOR, Monitor
+from capsnet.training.config import TrainConfig
+from capsnet.training.selection import DEFAULT_MONITOR, Monitor, WeightAverage
 
 MODEL, QUIET = TINY_RUN_FLAGS, QUIET_FLAGS
 
@@ -204,8 +204,9 @@ def test_fit_keeps_the_average_and_resumes_it(tmp_path):
 TORCHRUN_SCRIPT = """
 import sys, torch
 from capsnet.training import build
-from capsnet.training.loop import TrainConfig, train
-from capsnet.training.ema import WeightAverage
+from capsnet.training.api import train
+from capsnet.training.config import TrainConfig
+from capsnet.training.selection import WeightAverage
 from capsnet.cli.train import configs_from_args
 from helpers import QUIET_FLAGS, TINY_RUN_FLAGS, write_rgb
 made = []

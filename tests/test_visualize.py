@@ -12,20 +12,17 @@ from capsnet import CapsNet
 from capsnet.cli import main
 from capsnet.data import load_dataset
 from capsnet.errors import CapsNetError, CheckpointError
+from capsnet.training.checkpoint import resolve_checkpoint
+from capsnet.viz.common import distinct_classes, load_capsnet, run_folder_of, select_examples
 from capsnet.viz.figures import (
     PERTURBATION_OFFSETS,
     confusion_matrix,
-    distinct_classes,
-    load_capsnet,
     plot_confusion,
     plot_curves,
     plot_reconstructions,
-    resolve_checkpoint,
-    routing_maps,
-    run_folder_of,
-    select_examples,
     visualize,
 )
+from capsnet.viz.routing import routing_maps
 
 pytest.importorskip("matplotlib")
 Image = pytest.importorskip("PIL.Image")

@@ -1,4 +1,4 @@
-"""capsnet: capsule networks for PyTorch: seven models and five routing algorithms, each checked against its
+"""capsnet: capsule networks for PyTorch: eight models and five routing algorithms, each checked against its
 authors' code (docs/fidelity.md).
 
 The names below load on first use (PEP 562), so `import capsnet` and the command line's parser stay light:
@@ -7,9 +7,9 @@ The names below load on first use (PEP 562), so `import capsnet` and the command
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._lazy import lazy_attributes
 from ._version import __version__
 from .errors import CapsNetError, CheckpointError, ConfigError, DatasetError
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .nn.primary import PrimaryCapsules
     from .nn.squash import Squash, squash
     from .routing.dynamic import Router, RoutingResult, dynamic_routing
-    from .training.fit import fit
+    from .training.api import fit
     from .viz.explore import explore
 
 # public name -> the module that defines it
@@ -48,22 +48,10 @@ _LAZY: dict[str, str] = {
     "Router": "routing.dynamic",
     "RoutingResult": "routing.dynamic",
     "dynamic_routing": "routing.dynamic",
-    "fit": "training.fit",
+    "fit": "training.api",
     "explore": "viz.explore",
 }
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'capsnet' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # the next read is a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

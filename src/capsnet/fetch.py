@@ -298,7 +298,6 @@ __all__ = [
     "BACKOFF_S",
     "RETRIES",
     "TIMEOUT_S",
-    "DownloadError",
     "cache_root",
     "fetch_url",
     "file_digest",

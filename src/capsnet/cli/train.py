@@ -206,9 +206,9 @@ def run_folder(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..training.api import train
+    from ..training.callbacks import describe_selection
     from ..training.checkpoint import STATE_NAME
-    from ..training.loop import train
-    from ..training.progress import describe_selection
     from ..training.record import read_record
 
     run_dir = run_folder(args)

@@ -12,8 +12,8 @@ from .._lazy import lazy_attributes
 if TYPE_CHECKING:
     from .augment import affine_warp, place_on_canvas, random_affine, random_shift
     from .batching import iterate_batches, num_batches, shard_indices
-    from .datasets import BUNDLED, load_dataset, resolve
-    from .download import DATASETS, FILE_NAMES, cache_root
+    from .datasets import load_dataset, resolve
+    from .download import BUNDLED, DATASETS, FILE_NAMES, cache_root
     from .folder import load_folder
     from .idx import find_files, read_idx
     from .imageaug import AugmentSpec
@@ -32,7 +32,7 @@ __getattr__, __dir__ = lazy_attributes(
         "iterate_batches": "batching",
         "num_batches": "batching",
         "shard_indices": "batching",
-        "BUNDLED": "datasets",
+        "BUNDLED": "download",
         "load_dataset": "datasets",
         "resolve": "datasets",
         "DATASETS": "download",

@@ -26,7 +26,8 @@ from ..data.augment import affine_warp, place_on_canvas
 from ..data.datasets import load_dataset
 from ..data.split import Split
 from ..errors import ConfigError, DatasetError
-from ..training.tasks import ClassificationTask, seeded_generator
+from ..training.classification import ClassificationTask
+from ..training.tasks import seeded_generator
 
 CANVAS = 40
 # affNIST-style ranges (see the module docstring for their source).

@@ -29,7 +29,8 @@ from typing import Any
 from ..errors import ConfigError
 from ..fileio import atomic_write_bytes, atomic_write_json
 from ..models.registry import MODELS
-from ..training.loop import TrainConfig, train
+from ..training.api import train
+from ..training.config import TrainConfig
 
 EXPERIMENT = "fashion-mnist"
 # Published Fashion-MNIST test accuracies (%) to set ours beside: (figure, source).

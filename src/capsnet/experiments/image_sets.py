@@ -30,10 +30,12 @@ from ..errors import ConfigError, DatasetError
 from ..fileio import atomic_write_json
 from ..models.capsnet import CapsNetConfig
 from ..models.pretrained import load_pretrained
+from ..training.api import train
+from ..training.classification import ClassificationTask
+from ..training.config import TrainConfig
 from ..training.ensemble import Ensemble
-from ..training.evaluate import evaluate
-from ..training.loop import TrainConfig, resolve_device, train
-from ..training.tasks import ClassificationTask
+from ..training.evaluator import evaluate
+from ..training.hardware import resolve_device
 
 EXPERIMENTS = ("cifar10", "smallnorb", "svhn")
 FULL_EPOCHS = 50

@@ -31,7 +31,8 @@ from ..data.batching import num_batches, shard_indices
 from ..data.split import Split, to_float
 from ..errors import ConfigError, DatasetError
 from ..nn.losses import reconstruction_loss
-from ..training.tasks import Batch, Task, evaluate_batches, seeded_generator
+from ..training.evaluator import evaluate_batches
+from ..training.tasks import Batch, Task, seeded_generator
 
 Combine = Literal["max", "sum"]
 # The Efficient-CapsNet authors' MultiMNIST (EscVM/Efficient-CapsNet: config.json, utils/pre_process_multimnist.py),

@@ -26,9 +26,13 @@ from ..fileio import atomic_write_json
 from ..models.baseline import BaselineConfig
 from ..models.capsnet import CapsNetConfig
 from ..models.pretrained import load_pretrained
-from ..training.evaluate import check_split, evaluate
-from ..training.loop import TrainConfig, resolve_device, train
-from ..training.tasks import Task, subset, validation_split
+from ..training.api import train
+from ..training.classification import subset, validation_split
+from ..training.config import TrainConfig
+from ..training.evaluate import check_split
+from ..training.evaluator import evaluate
+from ..training.hardware import resolve_device
+from ..training.tasks import Task
 from .affnist import ExpandedMNISTTask, affine_test_set, load_affnist
 from .multimnist import MultiMNISTTask
 

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .em import FINAL_LAMBDA, MIN_VAR, EMResult, em_routing, inverse_temperature
+from ..configs.base import FINAL_LAMBDA
+from .em import MIN_VAR, EMResult, em_routing, inverse_temperature
 from .em_conv import conv_em_routing
 
 

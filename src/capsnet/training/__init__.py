@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from .config import FitConfig
-    from .evaluate import evaluate, evaluate_checkpoint, predict
-    from .fit import fit
+    from .api import fit, resume, train
+    from .classification import ClassificationTask
+    from .config import FitConfig, TrainConfig, TrainResult
+    from .evaluate import evaluate_checkpoint, predict
+    from .evaluator import evaluate
     from .loader import LoaderTask
-    from .loop import TrainConfig, TrainResult, resume, train
-    from .tasks import Batch, ClassificationTask, Task
+    from .tasks import Batch, Task
 
 # Each name imports its module at its first read (torch-free modules of the package load without torch).
 __getattr__, __dir__ = lazy_attributes(
@@ -24,12 +25,12 @@ __getattr__, __dir__ = lazy_attributes(
         "evaluate": "evaluate",
         "evaluate_checkpoint": "evaluate",
         "predict": "evaluate",
-        "fit": "fit",
+        "fit": "api",
         "LoaderTask": "loader",
-        "TrainConfig": "loop",
-        "TrainResult": "loop",
-        "resume": "loop",
-        "train": "loop",
+        "TrainConfig": "config",
+        "TrainResult": "config",
+        "resume": "api",
+        "train": "api",
         "Batch": "tasks",
         "ClassificationTask": "tasks",
         "Task": "tasks",

@@ -1,4 +1,6 @@
-"""What a training run is made of, put together before its first step: the run folder opened with its task and the
+"""A training run put together before its first step: its folder, task, model, optimizer and schedule.
+
+What a training run is made of, put together before its first step: the run folder opened with its task and the
 state.pt to resume from (capsnet.training.runfolder), the model on its device (its data-dependent initialisation
 done, then wrapped for DDP and torch.compile), Adam and its schedule, and the augmentation stream.
 
@@ -18,14 +20,15 @@ from torch import nn
 
 from ..config import to_dict
 from ..errors import ConfigError
+from ..models.memory import check_memory
 from ..models.pretrained import Pretrained
 from ..models.registry import MODELS
 from . import distributed as dist_utils
 from . import runfolder
+from .classification import ClassificationTask
 from .config import FitConfig, TrainConfig
-from .ema import WeightAverage
-from .memory import check_memory
-from .tasks import ClassificationTask, Task
+from .selection import WeightAverage
+from .tasks import Task
 
 
 @dataclass

@@ -1,12 +1,11 @@
-"""Inference: test metrics of a model on a split (accuracy, per-class accuracy, confusion matrix), and predictions
-for image files."""
+"""Scoring a checkpoint on a data set, and predicting image files (`capsnet evaluate`, `capsnet predict`)."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -15,7 +14,6 @@ from ..data.folder import class_names as folder_classes
 from ..data.imageaug import center_crop
 from ..data.images import image_hw as image_file_hw
 from ..data.images import load_image, load_image_resized
-from ..data.scaling import channel_stats
 from ..data.sources import detect as detect_format
 from ..data.split import Dataset, Split
 from ..errors import ConfigError, DatasetError
@@ -23,25 +21,19 @@ from ..models.hub import is_ref, read_card, resolve_ref
 from ..models.inputs import image_hw
 from ..models.pretrained import load_pretrained
 from ..models.recipe import InputRecipe, model_input, recipe_of
-from . import distributed as dist_utils
 from .checkpoint import checkpoint_info, resolve_checkpoint
 from .config import upgrade_train_dict
 from .ensemble import Ensemble
+from .evaluator import evaluate, input_config
 from .hardware import resolve_device
-from .monitor import SELECTED_ON
-
-
-def _input_config(model: torch.nn.Module) -> Any:
-    """The model's config when it records its input (a capsnet model's), else None (a module of one's own)."""
-    cfg = getattr(model, "config", None)
-    return cfg if all(hasattr(cfg, k) for k in ("in_channels", "image_size", "n_classes")) else None
+from .selection import SELECTED_ON
 
 
 def check_split(model: torch.nn.Module, split: Split, *, source: str) -> None:
     """DatasetError unless `split` fits `model`: images [N, in_channels, H, W] of the model's input size, or of the
     size it recorded before its training crops (`source_size`; centre-cropped by :func:`evaluate`), labels in
     [0, n_classes). `source` names the data in the message. A model without such a config: labels >= 0 only."""
-    cfg: Any = _input_config(model)
+    cfg: Any = input_config(model)
     if cfg is None:
         if len(split) and int(split.labels.min()) < 0:
             raise DatasetError(f"{source}: labels must be class indices >= 0, got {int(split.labels.min())}")
@@ -55,64 +47,6 @@ def check_split(model: torch.nn.Module, split: Split, *, source: str) -> None:
     if len(split) and (int(split.labels.min()) < 0 or int(split.labels.max()) >= cfg.n_classes):
         top = int(split.labels.max())
         raise DatasetError(f"{source}: labels go up to {top}, the model has {cfg.n_classes} classes")
-
-
-@torch.no_grad()
-def evaluate(
-    model: torch.nn.Module,
-    split: Split,
-    *,
-    batch_size: int = 250,
-    device: str | torch.device = "cpu",
-    dist: dist_utils.DistInfo | None = None,
-) -> dict:
-    """Test-time metrics of `model` on `split` (the decoder sees the longest capsule, as at test time).
-
-    Returns accuracy, n, loss (mean training loss on these images), per_class accuracy and the confusion
-    matrix (rows: true class, columns: predicted). Under torchrun each rank takes every world_size-th
-    image and the counts are summed over ranks.
-
-    Every batch reaches the model through its input recipe (:func:`capsnet.models.recipe.model_input`: centre crop,
-    scaling; a model that standardizes each channel, with `split`'s own statistics). A module of one's own
-    (capsnet.fit's protocol) without a recipe gets the images ÷ 255, and the classes are those of the labels
-    (0 ... max label); a prediction outside them counts as wrong (and in no column of the confusion matrix).
-    """
-    dist = dist or dist_utils.DistInfo()
-    device = torch.device(device)
-    was_training = model.training
-    model.eval()
-    cfg = _input_config(model)
-    n_classes: int = cfg.n_classes if cfg is not None else int(split.labels.max()) + 1 if len(split) else 1
-    images, labels = split.images[dist.rank :: dist.world_size], split.labels[dist.rank :: dist.world_size]
-    stats = channel_stats(split) if standardizes_channels(model) else None  # (the split's own, as the authors')
-    # The loss sum and the confusion counts stay on the device, read once at the end. Column n_classes of each row
-    # counts the predictions outside [0, n_classes) (none for a capsnet model).
-    width = n_classes + 1
-    sums = torch.zeros(1 + n_classes * width, dtype=torch.float64, device=device)  # [loss sum, confusion...]
-    for start in range(0, len(labels), batch_size):
-        x = model_input(model, images[start : start + batch_size].to(device), stats=stats)
-        y = labels[start : start + batch_size].to(device)
-        out = model(x)
-        loss, _ = cast(Any, model).loss(out, x, y)
-        sums[0] += loss.detach().double() * len(y)
-        predicted = out.predictions.long()
-        predicted = torch.where((predicted >= 0) & (predicted < n_classes), predicted, n_classes)
-        cell = 1 + y * width + predicted  # confusion[true, predicted], flattened after the loss slot
-        sums.index_add_(0, cell, torch.ones_like(cell, dtype=torch.float64))
-    model.train(was_training)
-    flat = dist_utils.all_sum_tensor(sums, dist).cpu()
-    loss_sum, counts = flat[0].item(), flat[1:].view(n_classes, width)
-    confusion = counts[:, :n_classes]
-    n = int(counts.sum().item())
-    totals = counts.sum(dim=1)
-    per_class = [(confusion[k, k] / totals[k]).item() if totals[k] > 0 else float("nan") for k in range(n_classes)]
-    return {
-        "accuracy": (confusion.diag().sum() / max(n, 1)).item(),
-        "n": n,
-        "loss": loss_sum / max(n, 1),
-        "per_class": per_class,
-        "confusion": confusion.long().tolist(),
-    }
 
 
 def evaluate_checkpoint(
@@ -154,11 +88,6 @@ def evaluate_checkpoint(
                   split=split, class_names=[class_name(cfg, k) for k in range(cfg.n_classes)],
                   scored=[scored(f) for f in folders])  # fmt: skip
     return result
-
-
-def standardizes_channels(model: torch.nn.Module) -> bool:
-    """Whether `model` (or a member of an ensemble) standardizes each channel with the scored split's statistics."""
-    return any(getattr(getattr(m, "config", None), "channel_standardize", False) for m in model.modules())
 
 
 def data_conversions(cfg: Any, where: str | None, data: Dataset) -> list[str]:

@@ -9,7 +9,7 @@ for the classification task with its uint8 training set resident on the GPU:
   random numbers come from the run's augmentation generator, registered with the graph (each replay draws new
   numbers, as eager steps do);
 - forward, loss and backward (the gradients live in the graph's memory pool);
-- the optimizer step: Adam built with `capturable=True` (:func:`capsnet.training.loop.make_adam`), its learning rate
+- the optimizer step: Adam built with `capturable=True` (:func:`capsnet.training.build.make_adam`), its learning rate
   a device tensor that the schedule updates in place.
 
 Every replay has the same batch shape. An epoch's last, smaller batch runs eagerly (as the task's own batches would
@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterator
 import torch
 
 from ..data.batching import epoch_indices
-from .tasks import Batch, ClassificationTask
+from .classification import ClassificationTask
+from .tasks import Batch
 
 WARMUP = 3  # eager steps before the capture (torch.cuda.graphs: "a few")
 StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # train_step(run, batch) -> (loss, n_correct)

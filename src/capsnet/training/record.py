@@ -1,4 +1,4 @@
-"""A resumed run keeps its own settings: the run's config.json is the source of truth.
+"""The run's config.json: written at every start, read back so that a resumed run keeps its own settings.
 
 Rank 0 writes RUN/config.json at every start: {"train": the TrainConfig (or capsnet.fit's FitConfig), "model": the
 model's config, "task": ..., ...}. Resuming (`capsnet train --out RUN --resume`, `capsnet.training.resume(RUN)`,
@@ -22,8 +22,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .._version import __version__
 from ..config import from_dict, to_dict
 from ..errors import CheckpointError, ConfigError
+from ..fileio import atomic_write_json
 from ..models.registry import MODELS
 from .config import FitConfig, TrainConfig, upgrade_monitor, upgrade_train_dict
 
@@ -36,6 +38,17 @@ SCHEDULE = ("lr_decay", "lr_end")  # one setting, given either way: one given no
 RECORD_MARK = "capsnet_version"  # a key of every record written since lr_end may be unset (upgrade_schedule)
 FIT_TASK = "loader"  # the task name of a run made by capsnet.fit
 FIT_RUN = "a run made by capsnet.fit (its data came from Python); resume it with capsnet.fit(..., resume=True)"
+
+
+def write_record(run_dir: Path, config: Any, model_config: Any, task: Any) -> None:
+    """Rank 0's config.json at a run's start: {"train": `config`, "model": `model_config` (None: a module of one's
+    own), "task": its name, RECORD_MARK: the version, and what the task records (e.g. the augmentation "auto"
+    resolved to)}."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model = to_dict(model_config) if model_config is not None else None
+    meta = {"train": to_dict(config), "model": model, "task": task.name, RECORD_MARK: __version__,
+            **getattr(task, "recorded", {})}  # fmt: skip
+    atomic_write_json(run_dir / "config.json", meta)
 
 
 def read_record(run_dir: str | Path) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@
 4. State. Resuming, the state.pt is loaded and checked against the data (the validation split, the data sizes).
 
 The model's side of a resume (its saved config, the data's shape) is :func:`saved_model_config` and
-:func:`check_same_shape`. The lock is released by :func:`release` when the run ends (capsnet.training.loop.launch).
+:func:`check_same_shape`. The lock is released by :func:`release` when the run ends (capsnet.training.api.launch).
 The lock needs POSIX flock: where fcntl is missing (Windows) runs are not locked, and on network file systems the
 lock is only as good as the server's flock.
 """
@@ -39,7 +39,6 @@ from ..models.registry import MODELS
 from .checkpoint import STATE_NAME, load_state
 from .config import FitConfig, TrainConfig
 from .hardware import default_batch_size, precision_note
-from .monitor import DEFAULT_MONITOR, LEGACY_MONITOR
 from .record import (
     FIT_TASK,
     check_recorded,
@@ -51,6 +50,7 @@ from .record import (
     same,
     say,
 )
+from .selection import DEFAULT_MONITOR, LEGACY_MONITOR
 from .tasks import Task
 
 try:

@@ -1,6 +1,9 @@
-"""A run's state and its checkpoint: the running sums of an epoch, where the run is (what state.pt saves and
-`--resume` restores), and the checkpoint set written at the end of each epoch and at a stop. (Which run is resumed,
-and whether its data and settings are its own: capsnet.training.runfolder.)"""
+"""A run's state: an epoch's running sums, where the run is, its restore, and its checkpoint at each epoch.
+
+A run's state and its checkpoint: the running sums of an epoch, where the run is (what state.pt saves and `--resume`
+restores), and the checkpoint set written at the end of each epoch and at a stop. (Which run is resumed, and whether
+its data and settings are its own: capsnet.training.runfolder.)
+"""
 
 from __future__ import annotations
 

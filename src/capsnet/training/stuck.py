@@ -1,5 +1,4 @@
-"""Whether training is stuck: an epoch at chance with the class capsules' lengths saturated, and the one line that
-says so with what to try.
+"""Whether training is stuck (at chance, lengths saturated), and the one line that says what to try.
 
 Capsule networks trap themselves in a way a CNN does not: when every class capsule's length is pushed into the
 squash's flat ends (all near 1, or all near 0), the margin loss's gradient through |v| vanishes (d|v|/d|s| falls

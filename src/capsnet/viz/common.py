@@ -14,7 +14,7 @@ from ..fileio import atomic_open
 from ..models.pretrained import load_pretrained
 from ..models.recipe import model_input
 from ..training.checkpoint import SUMMARY_NAME, resolve_checkpoint
-from ..training.loop import resolve_device
+from ..training.hardware import resolve_device
 
 WRONG = "tab:red"
 HIGHLIGHT = "tab:orange"

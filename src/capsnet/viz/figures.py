@@ -18,8 +18,9 @@ import torch
 
 from ..data.split import Split, to_float
 from ..errors import CapsNetError, CheckpointError, DatasetError
-from ..training.checkpoint import SUMMARY_NAME, read_summary, resolve_checkpoint
-from ..training.evaluate import check_split, checkpoint_data, evaluate, fit_to_model
+from ..training.checkpoint import SUMMARY_NAME, read_summary
+from ..training.evaluate import check_split, checkpoint_data, fit_to_model
+from ..training.evaluator import evaluate
 from .common import (
     WRONG,
     _figure,
@@ -34,25 +35,16 @@ from .common import (
     run_folder_of,
     select_examples,
 )
-from .routing import plot_routing, plot_routing_weights, routing_maps, routing_method
+from .routing import plot_routing
 
 __all__ = [
     "PERTURBATION_OFFSETS",
     "confusion_matrix",
-    "distinct_classes",
-    "load_capsnet",
     "perturbed_reconstructions",
     "plot_confusion",
     "plot_curves",
     "plot_perturbation",
     "plot_reconstructions",
-    "plot_routing",
-    "plot_routing_weights",
-    "resolve_checkpoint",
-    "routing_maps",
-    "routing_method",
-    "run_folder_of",
-    "select_examples",
     "visualize",
 ]
 

@@ -23,9 +23,9 @@ import os
 
 import torch
 
+from ..configs.base import image_hw
+from ..configs.capsnet import CapsNetConfig
 from ..errors import ConfigError
-from ..models.capsnet import CapsNetConfig
-from ..models.inputs import image_hw
 from ..routing.dynamic_fast import GPU_TEMPORARY_BYTES
 
 FLOAT = 4

@@ -27,8 +27,8 @@ from ..models.hub import save_shipped
 from ..models.inputs import DATA_FIELDS
 from ..models.pretrained import load_pretrained
 from ..models.registry import MODELS
-from .checkpoint import TEST_NAME, checkpoint_info
-from .config import TrainConfig, upgrade_train_dict
+from ..training.checkpoint import TEST_NAME, checkpoint_info
+from ..training.config import TrainConfig, upgrade_train_dict
 
 # TrainConfig settings that do not change what a run learns, left out of the recorded command.
 NOT_IN_COMMAND = ("device", "progress", "tensorboard", "resume", "strict")
