@@ -10,9 +10,10 @@ from capsnet.cli import main
 from capsnet.data import Split, load_dataset
 from capsnet.data.images import load_image
 from capsnet.errors import DatasetError
+from capsnet.inference import evaluate_checkpoint
 from capsnet.training.api import train
+from capsnet.training.checkpoint_data import check_split
 from capsnet.training.config import TrainConfig
-from capsnet.training.evaluate import check_split, evaluate_checkpoint
 from capsnet.training.evaluator import evaluate
 
 

@@ -1,9 +1,10 @@
 """The package layout: which subpackage may import which, read from the source with ast (nothing is imported).
 
-Layers, bottom up: the foundation modules (errors, fileio, config, fetch, _lazy, limits, plugins, results,
+Layers, bottom up: the foundation modules (errors, fileio, config, fetch, _lazy, pixels, limits, plugins, results,
 results_tables); configs (the model configs, torch-free: foundation only); nn; routing (nn); models (nn, routing);
-data (foundation only); training (models, data, nn, routing); experiments, viz, lightning and tools (training and
-below; not each other); cli (anything). On top, the package's `__init__` (the public API) and `__main__`: nothing
+data (foundation only); training (models, data, nn, routing); inference (the front door: training and below);
+experiments and viz (inference and below), lightning and tools (training and below; none of them each other); cli
+(anything). On top, the package's `__init__` (the public API) and `__main__`: nothing
 imports them. No import cycle anywhere, and no façade: every import names the module that defines the name.
 """
 
@@ -20,6 +21,7 @@ FOUNDATION = {
     "_version",
     "fetch",
     "_lazy",
+    "pixels",
     "limits",
     "plugins",
     "results",
@@ -35,12 +37,13 @@ MAY_IMPORT: dict[str, set[str]] = {
     "models": {"foundation", "configs", "nn", "routing", "models"},
     "data": {"foundation", "configs", "data"},
     "training": BELOW_TRAINING,
-    "experiments": BELOW_TRAINING | {"experiments"},
-    "viz": BELOW_TRAINING | {"viz"},
+    "inference": BELOW_TRAINING | {"inference"},
     "lightning": BELOW_TRAINING,
     "tools": BELOW_TRAINING | {"tools"},
-    "cli": BELOW_TRAINING | {"experiments", "viz", "tools", "cli"},
-    "api": BELOW_TRAINING | {"experiments", "viz", "tools", "cli", "api"},
+    "experiments": BELOW_TRAINING | {"inference", "experiments"},
+    "viz": BELOW_TRAINING | {"inference", "viz"},
+    "cli": BELOW_TRAINING | {"inference", "experiments", "viz", "tools", "cli"},
+    "api": BELOW_TRAINING | {"inference", "experiments", "viz", "tools", "cli", "api"},
 }
 
 

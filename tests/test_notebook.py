@@ -9,9 +9,9 @@ import pytest
 
 import capsnet
 from capsnet import CapsNet
+from capsnet.inference import evaluate_checkpoint
 from capsnet.models.baseline import count_parameters
 from capsnet.training.checkpoint import read_summary
-from capsnet.training.evaluate import evaluate_checkpoint
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "mnist.ipynb"
 # Replaces the values of the notebook's "parameters" cell: a few seconds of training.

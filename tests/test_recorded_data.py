@@ -9,7 +9,7 @@ from helpers import small_config, write_digits
 
 from capsnet import CapsNet
 from capsnet.cli import main
-from capsnet.training.evaluate import recorded_data
+from capsnet.training.checkpoint_data import recorded_data
 
 N_TEST, N_OTHER = 24, 10
 

@@ -193,13 +193,21 @@ def test_a_mid_epoch_state_resumes_only_under_the_processes_that_wrote_it(tmp_pa
     state = load_state(tmp_path / "run")
     assert state["batch_in_epoch"] == 2 and state["running_ranks"] == 1
     save_state(tmp_path / "run", {**state, "running_ranks": 2})
-    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file() and p.name != ".capsnet.lock"}
+    before = {
+        p: p.read_bytes()
+        for p in (tmp_path / "run").rglob("*")
+        if p.is_file() and p.name not in (".capsnet.lock", ".capsnet.pid")
+    }
     capsys.readouterr()
     assert main(["train", "--out", str(tmp_path / "run"), "--resume"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"capsnet train: error: {tmp_path / 'run' / 'state.pt'}: stopped in the middle of epoch 1 under 2 "
                    "process(es); resume it with 2 (torchrun --nproc-per-node 2), not 1"]  # fmt: skip
-    after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file() and p.name != ".capsnet.lock"}
+    after = {
+        p: p.read_bytes()
+        for p in (tmp_path / "run").rglob("*")
+        if p.is_file() and p.name not in (".capsnet.lock", ".capsnet.pid")
+    }
     assert after == before
     save_state(tmp_path / "run", state)  # as written by 1 process: it resumes
     assert main(["train", "--out", str(tmp_path / "run"), "--resume"]) == 0

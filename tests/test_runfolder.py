@@ -29,7 +29,7 @@ from capsnet.training.api import train
 from capsnet.training.checkpoint import load_state, read_summary
 from capsnet.training.config import TrainConfig
 from capsnet.training.record import RECORD_MARK, recorded_settings, resumed_configs
-from capsnet.training.runfolder import LOCK_NAME
+from capsnet.training.runfolder import LOCK_NAME, PID_NAME
 
 MODEL, QUIET = TINY_RUN_FLAGS, QUIET_FLAGS
 SMALL = CapsNetConfig(conv_channels=8, primary_types=2, primary_dim=4, class_dim=4, decoder_hidden=(16, 16),
@@ -54,7 +54,7 @@ def _config(out: Path, rgb: Path, **kw) -> TrainConfig:
 def _snapshot(folder: Path) -> dict[str, bytes]:
     """Every file under `folder` and its bytes (the lock file aside: it holds the PID only while held)."""
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != LOCK_NAME}  # fmt: skip
+            if p.is_file() and p.name not in (LOCK_NAME, PID_NAME)}  # fmt: skip
 
 
 def _one_line(capsys) -> str:
@@ -102,7 +102,7 @@ def test_a_second_training_on_a_folder_in_use_is_refused_and_the_first_finishes_
     first.start()
     try:
         assert entered.wait(60)
-        assert (out / LOCK_NAME).read_text().strip() == str(os.getpid())
+        assert (out / PID_NAME).read_text().strip() == str(os.getpid())
         capsys.readouterr()
         assert _train(out, rgb, "--epochs", "1", "--batch-size", "4") == 2  # (other settings too: refused first)
         line = _one_line(capsys)
@@ -117,7 +117,7 @@ def test_a_second_training_on_a_folder_in_use_is_refused_and_the_first_finishes_
     meta = json.loads((out / "config.json").read_text())
     assert meta["train"]["epochs"] == 2 and meta["train"]["batch_size"] == 8 and meta["task"] != "loader"
     assert [r["epoch"] for r in read_summary(out)] == [1, 2] and load_state(out)["epoch"] == 2
-    assert (out / "test.json").is_file() and (out / LOCK_NAME).read_text() == ""  # released: no holder
+    assert (out / "test.json").is_file() and not (out / PID_NAME).exists()  # released: no holder
 
 
 @pytest.mark.slow
@@ -135,7 +135,7 @@ def test_the_lock_names_another_process_and_goes_with_it_when_it_is_killed(tmp_p
         while not (out / "state.pt").is_file() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        assert (out / LOCK_NAME).read_text().strip() == str(proc.pid)
+        assert (out / PID_NAME).read_text().strip() == str(proc.pid)
         capsys.readouterr()
         assert main(["train", "--out", str(out), "--resume", "--epochs", "2", *QUIET]) == 2
         assert f"is in use by another capsnet run (PID {proc.pid})" in _one_line(capsys)

@@ -24,7 +24,8 @@ from capsnet.training import resume
 from capsnet.training.api import train
 from capsnet.training.checkpoint import load_state, read_summary
 from capsnet.training.config import TrainConfig
-from capsnet.training.selection import DEFAULT_MONITOR, Monitor, WeightAverage
+from capsnet.training.ema import WeightAverage
+from capsnet.training.selection import DEFAULT_MONITOR, Monitor
 
 MODEL, QUIET = TINY_RUN_FLAGS, QUIET_FLAGS
 
@@ -206,7 +207,7 @@ import sys, torch
 from capsnet.training import build
 from capsnet.training.api import train
 from capsnet.training.config import TrainConfig
-from capsnet.training.selection import WeightAverage
+from capsnet.training.ema import WeightAverage
 from capsnet.cli.train import configs_from_args
 from helpers import QUIET_FLAGS, TINY_RUN_FLAGS, write_rgb
 made = []

@@ -15,6 +15,7 @@ from .errors import CapsNetError, CheckpointError, ConfigError, DatasetError
 
 if TYPE_CHECKING:
     from .configs.capsnet import CapsNetConfig
+    from .inference import Ensemble, Prediction, evaluate, predict, preprocess
     from .models.capsnet import CapsNet, CapsNetOutput
     from .models.export import export_model
     from .models.factory import create_model, list_models
@@ -49,6 +50,11 @@ _LAZY: dict[str, str] = {
     "RoutingResult": "routing.dynamic",
     "dynamic_routing": "routing.dynamic",
     "fit": "training.api",
+    "preprocess": "inference",
+    "predict": "inference",
+    "evaluate": "inference",
+    "Prediction": "inference",
+    "Ensemble": "inference",
     "explore": "viz.explore",
 }
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
@@ -63,7 +69,9 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "DatasetError",
+    "Ensemble",
     "MarginLoss",
+    "Prediction",
     "PrimaryCapsules",
     "Router",
     "RoutingResult",
@@ -72,11 +80,14 @@ __all__ = [
     "capsule_lengths",
     "create_model",
     "dynamic_routing",
+    "evaluate",
     "explore",
     "export_model",
     "fit",
     "list_models",
     "load_pretrained",
+    "predict",
+    "preprocess",
     "reconstruction_loss",
     "register_model",
     "squash",

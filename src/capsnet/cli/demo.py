@@ -22,10 +22,10 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..inference import evaluate_checkpoint
     from ..training.api import train
     from ..training.checkpoint import STATE_NAME, load_state
     from ..training.config import TrainConfig
-    from ..training.evaluate import evaluate_checkpoint
     from ..training.hardware import resolve_device
 
     if args.epochs < 1:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .imageaug import AugmentSpec
     from .smallnorb import read_matrix
     from .sources import detect as detect_format
-    from .split import Dataset, Split, to_float
+    from .split import Dataset, Split
 
 # Each name imports its module at its first read (torch-free modules of the package load without torch).
 __getattr__, __dir__ = lazy_attributes(
@@ -46,7 +46,6 @@ __getattr__, __dir__ = lazy_attributes(
         "detect_format": "sources:detect",
         "Dataset": "split",
         "Split": "split",
-        "to_float": "split",
     },
 )
 
@@ -72,5 +71,4 @@ __all__ = [
     "read_matrix",
     "resolve",
     "shard_indices",
-    "to_float",
 ]

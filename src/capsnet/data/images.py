@@ -9,7 +9,7 @@ import torch
 
 from ..errors import CapsNetError, DatasetError
 from ..limits import MAX_IMAGE_PIXELS
-from .split import to_float
+from ..pixels import to_float
 
 
 def _open_image(path: str | Path, channels: int):

@@ -11,12 +11,6 @@ import torch
 from ..errors import DatasetError
 
 
-def to_float(images: torch.Tensor) -> torch.Tensor:
-    """Images as float32 in [0, 1]: uint8 pixels are divided by 255 (on their device); float images pass through
-    as float32."""
-    return images.float().div_(255.0) if images.dtype == torch.uint8 else images.float()
-
-
 @dataclass(frozen=True)
 class Split:
     """One split in memory: uint8 images [N, C, H, W] and int64 labels [N]; `channel_stats`, per-channel pixel mean

@@ -28,9 +28,10 @@ from torch import nn
 
 from ..data.augment import place_on_canvas
 from ..data.batching import num_batches, shard_indices
-from ..data.split import Split, to_float
+from ..data.split import Split
 from ..errors import ConfigError, DatasetError
 from ..nn.losses import reconstruction_loss
+from ..pixels import to_float
 from ..training.evaluator import evaluate_batches
 from ..training.tasks import Batch, Task, seeded_generator
 

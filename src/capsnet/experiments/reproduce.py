@@ -27,9 +27,9 @@ from ..models.baseline import BaselineConfig
 from ..models.capsnet import CapsNetConfig
 from ..models.pretrained import load_pretrained
 from ..training.api import train
+from ..training.checkpoint_data import check_split
 from ..training.classification import subset, validation_split
 from ..training.config import TrainConfig
-from ..training.evaluate import check_split
 from ..training.evaluator import evaluate
 from ..training.hardware import resolve_device
 from ..training.tasks import Task

@@ -1,6 +1,6 @@
-"""Training and evaluation: the train loop, tasks, run folders and checkpoints, torchrun support, metrics.
+"""Training: the ways in (fit, train, resume), the loop, tasks, the evaluator, run folders, torchrun support.
 
-May import: capsnet.models, capsnet.data, capsnet.nn, capsnet.routing and the foundation modules; never
+May import: capsnet.models, capsnet.data, capsnet.nn, capsnet.routing and the foundation modules; never inference,
 experiments, viz or cli.
 """
 
@@ -12,7 +12,6 @@ if TYPE_CHECKING:
     from .api import fit, resume, train
     from .classification import ClassificationTask
     from .config import FitConfig, TrainConfig, TrainResult
-    from .evaluate import evaluate_checkpoint, predict
     from .evaluator import evaluate
     from .loader import LoaderTask
     from .tasks import Batch, Task
@@ -22,9 +21,7 @@ __getattr__, __dir__ = lazy_attributes(
     __name__,
     {
         "FitConfig": "config",
-        "evaluate": "evaluate",
-        "evaluate_checkpoint": "evaluate",
-        "predict": "evaluate",
+        "evaluate": "evaluator",
         "fit": "api",
         "LoaderTask": "loader",
         "TrainConfig": "config",
@@ -32,7 +29,7 @@ __getattr__, __dir__ = lazy_attributes(
         "resume": "api",
         "train": "api",
         "Batch": "tasks",
-        "ClassificationTask": "tasks",
+        "ClassificationTask": "classification",
         "Task": "tasks",
     },
 )
@@ -46,9 +43,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "evaluate",
-    "evaluate_checkpoint",
     "fit",
-    "predict",
     "resume",
     "train",
 ]

@@ -139,7 +139,7 @@ def fit(
     or down to lr × `lr_end` in the last epoch; with neither, by the model's `default_lr_decay` where it has one,
     else to lr × 0.25. Giving both is a ConfigError. `monitor` chooses best/ (capsnet.training.selection: "val_loss",
     the default, "val_accuracy", or "val_accuracy,val_loss"); `ema` (a decay, e.g. 0.999) keeps a moving average of
-    the weights, scored beside them each epoch, and best/ may hold it (capsnet.training.selection). `on_step(step)`
+    the weights, scored beside them each epoch, and best/ may hold it (capsnet.training.ema). `on_step(step)`
     returning True stops with a checkpoint, as SIGINT and SIGTERM do.
 
     Every batch reaches the model through its input recipe (capsnet.models.recipe): raw uint8 pixels or floats in

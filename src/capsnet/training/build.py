@@ -27,7 +27,7 @@ from . import distributed as dist_utils
 from . import runfolder
 from .classification import ClassificationTask
 from .config import FitConfig, TrainConfig
-from .selection import WeightAverage
+from .ema import WeightAverage
 from .tasks import Task
 
 

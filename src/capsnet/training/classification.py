@@ -13,9 +13,10 @@ from ..data.batching import epoch_indices, iterate_batches, num_batches
 from ..data.datasets import load_dataset
 from ..data.imageaug import AugmentSpec, resolve_augment
 from ..data.scaling import channel_stats
-from ..data.split import Split, stratified_holdout, to_float
+from ..data.split import Split, stratified_holdout
 from ..errors import ConfigError, DatasetError
 from ..models.recipe import recipe_for
+from ..pixels import to_float
 from .evaluator import evaluate
 from .recipes import model_recipes, recipe_image_size
 from .tasks import Batch, Task
@@ -165,10 +166,6 @@ class ClassificationTask(Task):
         """The training augmentation (:class:`capsnet.data.imageaug.AugmentSpec`; by default the paper's random
         shift, §5)."""
         return self.spec(images, generator)
-
-    def loss(self, model, out, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        loss, _ = model.loss(out, batch.images, batch.targets)
-        return loss, (out.predictions == batch.targets).sum()
 
     def evaluate(self, model, *, split="test", batch_size, device, dist) -> dict:
         if split not in ("val", "test") or getattr(self, split) is None:

@@ -58,7 +58,7 @@ def evaluate_batches(
     # [loss sum, correct, count, confusion (n_classes rows of width, the last column: outside the classes)]
     sums = torch.zeros(3 + (n_classes or 0) * width, dtype=torch.float64, device=device)
     for batch in batches:
-        n = batch.images.shape[0]
+        n = batch.targets.shape[0]  # (an ensemble's input is [members, B, C, H, W])
         if score is not None:
             loss, n_correct = score(model, batch)
             predicted = None

@@ -274,10 +274,6 @@ class LoaderTask(Task):
                                device=device, generator=None)  # fmt: skip
         return next(iter(batches), None)
 
-    def loss(self, model, out, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        loss, _ = model.loss(out, batch.images, batch.targets)
-        return loss, (out.predictions == batch.targets).sum()
-
     def evaluate(self, model, *, split="test", batch_size, device, dist) -> dict:
         source = self.val if split == "val" else self.test
         if source is None:

@@ -7,20 +7,21 @@
    one it recorded. A resume needs the run's state.pt. The batch size is resolved.
 2. Data. The task is made (its data opened) and checked by the caller's hook (fit: a first batch through the
    model), so a missing data set or a wrong flag is reported as such, never as a folder problem.
-3. Folder. An existing folder that is not a capsnet run is refused with nothing written into it. Rank 0 takes
-   the folder's lock (:data:`LOCK_NAME`, an fcntl.flock that the OS releases on any exit of its holder, kill -9
-   included); a second writer is refused with the holder's PID. A fresh run into a folder that holds a run is
-   refused: with the same settings it asks for --resume, with other settings it says which one differs.
+3. Folder. An existing folder that is not a capsnet run is refused with nothing written into it. Rank 0 takes the
+   folder's lock (:data:`LOCK_NAME`, a filelock.FileLock: an flock that the OS releases on any exit of its holder,
+   kill -9 included), without waiting; a second writer is refused with the holder's PID (PID_NAME). A fresh run into
+   a folder that holds a run is refused: with the same settings it asks for --resume, with other settings it says
+   which one differs.
 4. State. Resuming, the state.pt is loaded and checked against the data (the validation split, the data sizes).
 
 The model's side of a resume (its saved config, the data's shape) is :func:`saved_model_config` and
 :func:`check_same_shape`. The lock is released by :func:`release` when the run ends (capsnet.training.api.launch).
-The lock needs POSIX flock: where fcntl is missing (Windows) runs are not locked, and on network file systems the
-lock is only as good as the server's flock.
+On network file systems the lock is only as good as the server's flock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import os
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock, Timeout
 
 from ..config import from_dict, to_dict
 from ..errors import CheckpointError, ConfigError, RunFolderError
@@ -53,14 +55,10 @@ from .record import (
 from .selection import DEFAULT_MONITOR, LEGACY_MONITOR
 from .tasks import Task
 
-try:
-    import fcntl
-except ImportError:  # (Windows: no flock, runs are not locked)
-    fcntl = None  # type: ignore[assignment]
-
-LOCK_NAME = ".capsnet.lock"  # the lock file: the holder's PID while a run holds the folder, empty otherwise
-OWN_NAMES = (LOCK_NAME, "tb")  # what a run may have written before its config.json (a folder holding only these)
-_held: dict[str, int] = {}  # the resolved run folder -> the open lock file this process holds on it
+LOCK_NAME = ".capsnet.lock"  # the lock file (each try to take it truncates it: the PID lives beside it)
+PID_NAME = ".capsnet.pid"  # the holder's PID while a run holds the folder
+OWN_NAMES = (LOCK_NAME, PID_NAME, "tb")  # what a run may have written before its config.json
+_held: dict[str, FileLock] = {}  # the resolved run folder -> the lock this process holds on it
 _created: set[str] = set()  # the run folders this process made when it took their lock
 
 
@@ -218,39 +216,39 @@ def check_fresh(config, run_dir: Path, *, flag: str, out: str, model_settings: d
 
 
 def acquire(run_dir: Path, *, out: str = "--out") -> None:
-    """Hold the lock of `run_dir` (created if needed) for this process; RunFolderError naming the holder's PID when
-    another process (or another run of this one) holds it. The lock file is never removed: removing it would let
-    two holders lock two files."""
-    if fcntl is None:
-        return
+    """Hold the lock of `run_dir` (created if needed) for this process, without waiting; RunFolderError naming the
+    holder's PID when another process (or another run of this one) holds it. The lock file is never removed:
+    removing it would let two holders lock two files."""
     try:
         if not run_dir.exists():
             run_dir.mkdir(parents=True)
             _created.add(str(run_dir.resolve()))
-        fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        if (run_dir / LOCK_NAME).is_symlink():
+            raise OSError(errno.ELOOP, "a link where its lock file goes")
+        lock = FileLock(run_dir / LOCK_NAME)
+        lock.acquire(timeout=0)
+    except Timeout:
+        try:
+            holder = (run_dir / PID_NAME).read_text(encoding="ascii", errors="replace").strip() or "unknown"
+        except OSError:
+            holder = "unknown"
+        raise RunFolderError(f"{run_dir} is in use by another capsnet run (PID {holder}); wait for it to end or "
+                             f"choose another {out}") from None  # fmt: skip
     except OSError as e:
         why = "a link where its lock file goes" if e.errno == errno.ELOOP else e.strerror
         raise RunFolderError(f"{run_dir}: cannot take the run folder's lock ({why})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-        os.close(fd)
-        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise RunFolderError(f"{run_dir}: cannot lock {LOCK_NAME} ({e.strerror})") from None
-        raise RunFolderError(f"{run_dir} is in use by another capsnet run (PID {holder}); wait for it to end or "
-                             f"choose another {out}") from None  # fmt: skip
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    _held[str(run_dir.resolve())] = fd
+    (run_dir / PID_NAME).write_text(f"{os.getpid()}\n", encoding="ascii")
+    _held[str(run_dir.resolve())] = lock
 
 
 def abandon(run_dir: str | os.PathLike) -> None:
-    """Let go of `run_dir` after a failure before the run wrote anything: its lock file goes (removed while held,
-    so no other process holds it), and so does the folder if this process made it; then :func:`release`."""
+    """Let go of `run_dir` after a failure before the run wrote anything: its lock files go (removed while held,
+    so no other process holds them), and so does the folder if this process made it; then :func:`release`."""
     key = str(Path(run_dir).resolve())
-    if key in _held and [p.name for p in Path(run_dir).iterdir()] == [LOCK_NAME]:
-        (Path(run_dir) / LOCK_NAME).unlink()
+    if key in _held and {p.name for p in Path(run_dir).iterdir()} <= {LOCK_NAME, PID_NAME}:
+        for name in (PID_NAME, LOCK_NAME):
+            with contextlib.suppress(FileNotFoundError):
+                (Path(run_dir) / name).unlink()
         if key in _created:
             Path(run_dir).rmdir()
     _created.discard(key)
@@ -258,11 +256,12 @@ def abandon(run_dir: str | os.PathLike) -> None:
 
 
 def release(run_dir: str | os.PathLike) -> None:
-    """Let go of the lock this process holds on `run_dir` (nothing when it holds none)."""
-    fd = _held.pop(str(Path(run_dir).resolve()), None)
-    if fd is not None:
-        os.ftruncate(fd, 0)
-        os.close(fd)  # (closing the file releases the flock)
+    """Let go of the lock this process holds on `run_dir` (nothing when it holds none); its PID file goes first."""
+    lock = _held.pop(str(Path(run_dir).resolve()), None)
+    if lock is not None:
+        with contextlib.suppress(FileNotFoundError):
+            (Path(run_dir) / PID_NAME).unlink()
+        lock.release()
 
 
 # ----------------------------------------------------------------------------------------------- 4. state
@@ -322,6 +321,3 @@ def resumed_line(epoch: int, batch: int, n_batches: int | None, epochs: int) -> 
     if epoch >= epochs:
         return f"resumed after its last epoch ({epochs})"
     return f"resumed at epoch {epoch + 1}, batch {batch} of {n_batches if n_batches is not None else '?'}"
-
-
-__all__ = ["LOCK_NAME", "OpenedRun", "abandon", "acquire", "claim", "open_run", "release", "resumed_line"]

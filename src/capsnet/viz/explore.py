@@ -205,7 +205,7 @@ def _write_gallery(images: torch.Tensor, folder: Path) -> list[Path]:
 
 def test_images(model: torch.nn.Module, checkpoint: str | os.PathLike, n: int = GALLERY_SIZE) -> torch.Tensor | None:
     """Up to `n` of the checkpoint's own test images, one per class first (None when it records no data)."""
-    from ..training.evaluate import checkpoint_data
+    from ..training.checkpoint_data import checkpoint_data
     from .common import distinct_classes
 
     try:

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import torch
 
-from ..data.split import Split, to_float
+from ..data.split import Split
 from ..errors import CapsNetError, CheckpointError, DatasetError
+from ..inference import fit_to_model
+from ..pixels import to_float
 from ..training.checkpoint import SUMMARY_NAME, read_summary
-from ..training.evaluate import check_split, checkpoint_data, fit_to_model
+from ..training.checkpoint_data import check_split, checkpoint_data
 from ..training.evaluator import evaluate
 from .common import (
     WRONG,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from ..data.split import to_float
 from ..errors import CapsNetError
+from ..pixels import to_float
 from .common import HIGHLIGHT, WRONG, _figure, _forward, _frame, _gray, _save
 
 

@@ -1,4 +1,4 @@
-"""Scoring a checkpoint on a data set, and predicting image files (`capsnet evaluate`, `capsnet predict`)."""
+"""Which data a checkpoint is scored on: the data set its run recorded, checked against the model, in words."""
 
 from __future__ import annotations
 
@@ -11,21 +11,14 @@ import torch
 
 from ..data.datasets import load_dataset, resolve
 from ..data.folder import class_names as folder_classes
-from ..data.imageaug import center_crop
-from ..data.images import image_hw as image_file_hw
-from ..data.images import load_image, load_image_resized
 from ..data.sources import detect as detect_format
 from ..data.split import Dataset, Split
-from ..errors import ConfigError, DatasetError
+from ..errors import DatasetError
 from ..models.hub import is_ref, read_card, resolve_ref
 from ..models.inputs import image_hw
-from ..models.pretrained import load_pretrained
-from ..models.recipe import InputRecipe, model_input, recipe_of
-from .checkpoint import checkpoint_info, resolve_checkpoint
+from .checkpoint import checkpoint_info
 from .config import upgrade_train_dict
-from .ensemble import Ensemble
-from .evaluator import evaluate, input_config
-from .hardware import resolve_device
+from .evaluator import input_config
 from .selection import SELECTED_ON
 
 
@@ -47,47 +40,6 @@ def check_split(model: torch.nn.Module, split: Split, *, source: str) -> None:
     if len(split) and (int(split.labels.min()) < 0 or int(split.labels.max()) >= cfg.n_classes):
         top = int(split.labels.max())
         raise DatasetError(f"{source}: labels go up to {top}, the model has {cfg.n_classes} classes")
-
-
-def evaluate_checkpoint(
-    checkpoint: str | os.PathLike | list[str | os.PathLike],
-    *,
-    dataset: str | None = None,
-    data_dir: str | None = None,
-    split: str = "test",
-    batch_size: int = 250,
-    device: str = "cpu",
-) -> dict:
-    """Load a run folder or save_pretrained folder and evaluate it on a data set split. Several checkpoints are
-    evaluated as one :class:`capsnet.training.ensemble.Ensemble` (their capsule lengths averaged).
-
-    The data set defaults to the one the checkpoint records (:func:`recorded_data`); `dataset` / `data_dir` choose
-    another. Image folders are converted as for training: to the size the model recorded (before its crops) and
-    channels. `device`: cpu, cuda, cuda:K or auto."""
-    if batch_size < 1:
-        raise ConfigError(f"batch size must be >= 1, got {batch_size}")
-    paths = list(checkpoint) if isinstance(checkpoint, (list, tuple)) else [checkpoint]
-    folders = [resolve_checkpoint(c) for c in paths]
-    models = [load_pretrained(f, map_location=resolve_device(device)) for f in folders]
-    model = models[0] if len(models) == 1 else Ensemble(models)
-    cfg: Any = model.config
-    data = checkpoint_data(model, paths, dataset=dataset, data_dir=data_dir, n_classes=cfg.n_classes)
-    chosen = data.test if split == "test" else data.train
-    if chosen is None:
-        raise DatasetError(f"{data.source}: has no {split} split")
-    conversions = data_conversions(cfg, data.source, data)
-    record = recorded_data(paths[0]) if dataset is None and data_dir is None else None
-    n = record.get("test_subset") if record is not None and split == "test" else None
-    if n is not None:  # the subset the run's test.json scored
-        chosen = Split(chosen.images[:n], chosen.labels[:n], chosen.channel_stats)
-        conversions.append(f"the first {n} test images, as the run scored (its --test-subset)")
-    check_split(model, chosen, source=data.source)
-    result = evaluate(model, chosen, batch_size=batch_size, device=resolve_device(device))
-    result["conversions"] = conversions
-    result.update(checkpoint=str(paths[0]) if len(paths) == 1 else [str(p) for p in paths], dataset=data.name,
-                  split=split, class_names=[class_name(cfg, k) for k in range(cfg.n_classes)],
-                  scored=[scored(f) for f in folders])  # fmt: skip
-    return result
 
 
 def data_conversions(cfg: Any, where: str | None, data: Dataset) -> list[str]:
@@ -216,73 +168,3 @@ def _run_train_config(path: Path) -> dict | None:
         return None
     train = meta.get("train") if isinstance(meta, dict) else None
     return train if isinstance(train, dict) and isinstance(train.get("dataset"), str) else None
-
-
-def fit_to_model(x: torch.Tensor, cfg) -> torch.Tensor:
-    """Centre-crop images [B, C, H, W] larger than the model's input to its size (the test-time counterpart of
-    training on random crops); images of the model's size pass unchanged."""
-    h, w = image_hw(cfg.image_size)
-    return x if tuple(x.shape[-2:]) == (h, w) else center_crop(x, (h, w))
-
-
-def prepare_image(path: str | Path, cfg: Any) -> tuple[torch.Tensor, str]:
-    """One image file as raw input [C, H, W] in [0, 1] for the model's recipe, and the conversion applied in words.
-
-    A model trained on digit-style images (`digits`) gets MNIST's form: an image of its input size with a dark
-    background is taken as it is; any other is inverted when its background is light and fitted into a 20/28
-    box. Any other model gets the image converted (L or RGB) and resized as the image-folder reader converts
-    training images, to its size before cropping (the recipe then centre-crops it)."""
-    recipe = cfg if isinstance(cfg, InputRecipe) else InputRecipe.from_config(cfg)  # (a model config, or a recipe)
-    assert recipe.size is not None and recipe.channels is not None
-    (h, w), native = recipe.size, image_file_hw(path)
-    if recipe.digits:
-        if h != w:
-            raise DatasetError(f"{path}: digit preprocessing needs a square model input, not {h}x{w}")
-        if native == (h, w):
-            x = load_image_resized(path, size=(h, w), channels=recipe.channels)
-            border = torch.cat([x[:, 0], x[:, -1], x[:, :, 0], x[:, :, -1]], dim=-1)
-            if border.mean() <= 0.5:
-                return x, f"digit-style, taken as it is ({h}x{w}, dark background)"
-        inverted = "light background inverted, " if _light(path) else ""
-        return load_image(path, size=h, channels=recipe.channels), f"digit-style: {inverted}fitted in a 20/28 box"
-    size = recipe.raw_size or (h, w)
-    x = load_image_resized(path, size=size, channels=recipe.channels)
-    what = "as it is" if native == size else f"resized from {native[0]}x{native[1]} to {size[0]}x{size[1]}"
-    return x, what + (f", centre-cropped to {h}x{w}" if size != (h, w) else "")
-
-
-def _light(path: str | Path) -> bool:
-    """Whether the image's border is light on average (it is then inverted to white ink on black)."""
-    x = load_image_resized(path, size=image_file_hw(path), channels=1)
-    return bool(torch.cat([x[:, 0], x[:, -1], x[:, :, 0], x[:, :, -1]], dim=-1).mean() > 127 / 255)
-
-
-def class_name(cfg, k: int) -> str:
-    """Class k's name as the model recorded it from its training data, else str(k)."""
-    names = getattr(cfg, "class_names", ())
-    return names[k] if k < len(names) else str(k)
-
-
-@torch.no_grad()
-def predict(model: torch.nn.Module, images: list[str | Path]) -> list[dict]:
-    """The class of each image file, its capsule lengths and the conversion applied (:func:`prepare_image`); the
-    model's recipe then makes its input (a standardizing model: its training split's recorded statistics)."""
-    batch, conversions = image_files_input(model, images)
-    out = model.eval()(batch)
-    return [
-        {"image": str(p), "class": int(c), "name": class_name(model.config, int(c)),
-         "lengths": [round(float(x), 6) for x in row], "conversion": how}
-        for p, how, c, row in zip(images, conversions, out.predictions.tolist(), out.lengths.tolist())
-    ]  # fmt: skip
-
-
-def image_files_input(model: torch.nn.Module, images: list[str | Path]) -> tuple[torch.Tensor, list[str]]:
-    """Image files as `model`'s input batch [B, C, H, W] on its device (:func:`prepare_image`, then the model's
-    recipe; a standardizing model: its training split's recorded statistics), and each file's conversion in words.
-    Every path that feeds image files to a model (predict, explore) calls this."""
-    device = next(model.parameters()).device
-    for member in model.modules():  # single images need a standardizing model's recorded training statistics
-        if getattr(getattr(member, "config", None), "channel_standardize", False):
-            InputRecipe.from_config(member.config).statistics()
-    prepared = [prepare_image(p, recipe_of(model)) for p in images]
-    return model_input(model, torch.stack([x for x, _ in prepared]).to(device)), [how for _, how in prepared]
