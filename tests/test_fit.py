@@ -290,6 +290,19 @@ class Items(torch.utils.data.IterableDataset):
         return iter(Stripes(8)[i] for i in range(8))
 
 
+@pytest.mark.parametrize("digits", [None, True, False])
+def test_fit_keeps_what_the_model_records_of_digits_unless_told(tmp_path, digits):
+    # a shipped digit model (digits: true) fine-tuned without a word stays a digit model; False or True is recorded
+    model = capsnet.create_model("capsnet", in_channels=1, image_size=12, n_classes=3, conv_channels=8,
+                                 primary_types=2, primary_dim=4, class_dim=4, kernel_size=3,
+                                 decoder_hidden=(16, 16), digits=True)  # fmt: skip
+    capsnet.fit(model, Stripes(16), epochs=1, out=tmp_path / "run", batch_size=8, val_fraction=0, digits=digits,
+                **QUIET)  # fmt: skip
+    want = True if digits is None else digits
+    assert model.config.digits is want
+    assert json.loads((tmp_path / "run" / "best" / "config.json").read_text())["config"]["digits"] is want
+
+
 def _capsnet_1x28():
     return capsnet.create_model("capsnet", conv_channels=8, primary_types=2, primary_dim=4, class_dim=4,
                                 decoder_hidden=(16, 16))  # fmt: skip

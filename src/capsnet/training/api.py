@@ -126,7 +126,7 @@ def fit(
     tensorboard: bool = True,
     resume: bool = False,
     on_step: Callable[[int], bool] | None = None,
-    digits: bool = False,
+    digits: bool | None = None,
 ) -> TrainResult:
     """Train `model` on `train_data` for `epochs` into the run folder `out`; returns the run's TrainResult.
 
@@ -145,7 +145,8 @@ def fit(
     Every batch reaches the model through its input recipe (capsnet.models.recipe): raw uint8 pixels or floats in
     [0, 1] become what it records (÷ 255 for a fresh model; a pretrained one's own scaling). `digits` records
     whether the images are digit-style ink images (white on black in a 20/28 box, as MNIST's), which `capsnet
-    predict` then converts image files to; a Dataset gives no way to know, so the default is False.
+    predict` then converts image files to; a Dataset gives no way to know, so None (the default) keeps what the
+    model records: False for a fresh model, True for shipped digit weights being fine-tuned.
 
     `resume=True` continues the run in `out`: from the batch where it stopped for a Dataset, or from the start of the
     first unfinished epoch for an iterable. The model and data are given again; the settings must be the run's
@@ -168,7 +169,7 @@ def fit(
         tensorboard=tensorboard, resume=resume,
     )  # fmt: skip
     cfg = getattr(model, "config", None)
-    if dataclasses.is_dataclass(cfg) and hasattr(cfg, "digits"):
+    if digits is not None and dataclasses.is_dataclass(cfg) and hasattr(cfg, "digits"):
         cfg.digits = bool(digits)  # what the model records of its data (capsnet predict reads it)
     task = LoaderTask(train_data, val=val_data, test=test_data, val_fraction=config.val_fraction,
                       val_seed=config.val_seed, workers=config.workers, recipe=recipe_of(model))  # fmt: skip
