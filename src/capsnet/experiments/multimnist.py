@@ -269,7 +269,7 @@ class MultiMNISTTask(Task):
             loss = pair_loss(m, out, batch.targets, recon_b, batch.extras["image_a"], batch.extras["image_b"])
             return loss, two_longest_correct(out.lengths, batch.targets).sum()
 
-        return evaluate_batches(model, batches(), score=score, device=device, dist=dist)
+        return evaluate_batches(model, batches(), score=score, device=device, dist=dist, lengths=True)
 
 
 def make_test_pairs(

@@ -81,6 +81,9 @@ class LoopConfig:
     )  # fmt: skip
     out: str = field(default="runs/capsnet", metadata={"help": "run folder for checkpoints and metrics"})
     resume: bool = field(default=False, metadata={"help": "continue the run in --out from its last checkpoint"})
+    overwrite: bool = field(
+        default=False, metadata={"help": "delete the run already in --out and start afresh (not with --resume)"}
+    )
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     tensorboard: bool = field(default=True, metadata={"help": "write TensorBoard scalars when installed"})
     model: str = field(default="", metadata={"help": "what is trained: a registered model's name"})
@@ -98,6 +101,8 @@ class LoopConfig:
         if self.monitor is not None:
             Monitor.parse(self.monitor)
         check_decay(self.ema)
+        if self.overwrite and self.resume:
+            raise ConfigError("overwrite deletes the run that resume would continue: give one of them")
 
     @property
     def learning_rate(self) -> float:

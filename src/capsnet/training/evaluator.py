@@ -42,6 +42,7 @@ def evaluate_batches(
     dist: dist_utils.DistInfo | None = None,
     n_classes: int | None = None,
     score: Score | None = None,
+    lengths: bool = False,
 ) -> dict[str, Any]:
     """{"accuracy", "loss", "n"} of `model` (in eval mode) on `batches` (this rank's share), summed over ranks; with
     `n_classes`, also "per_class" accuracy and the "confusion" matrix (rows: true class, columns: predicted; a
@@ -49,7 +50,9 @@ def evaluate_batches(
 
     By default a batch is scored as a classification at test time: `model(images)` without the labels (a decoder
     sees the predicted class), the model's loss and its `.predictions`. `score(model, batch) -> (loss, n correct)`
-    scores a task of another kind (MultiMNIST's pairs); it gives no confusion matrix.
+    scores a task of another kind (MultiMNIST's pairs); it gives no confusion matrix. With `lengths`, where the
+    model's outputs carry class `.lengths` [B, n_classes]: "shortest" and "longest", the mean over images of the
+    shortest and the longest, and "classes", their number (capsnet.training.stuck reads them).
     """
     dist = dist or dist_utils.DistInfo()
     was_training = model.training
@@ -57,6 +60,33 @@ def evaluate_batches(
     width = (n_classes + 1) if n_classes is not None and score is None else 0
     # [loss sum, correct, count, confusion (n_classes rows of width, the last column: outside the classes)]
     sums = torch.zeros(3 + (n_classes or 0) * width, dtype=torch.float64, device=device)
+    ends = torch.zeros(3, dtype=torch.float64, device=device)  # Σ shortest, Σ longest class length, images
+    widths: set[int] = set()  # the class lengths' n_classes (a shape: no device read)
+    hook = model.register_forward_hook(lambda _m, _i, out: _add_lengths(ends, widths, out)) if lengths else None
+    try:
+        _score_batches(model, batches, sums, score=score, n_classes=n_classes, width=width, device=device)
+    finally:
+        if hook is not None:
+            hook.remove()
+    model.train(was_training)
+    flat = dist_utils.all_sum_tensor(torch.cat([sums, ends]), dist).cpu()
+    loss_sum, correct, count = flat[:3].tolist()
+    result: dict[str, Any] = {"accuracy": correct / max(count, 1), "loss": loss_sum / max(count, 1), "n": int(count)}
+    if width:
+        assert n_classes is not None
+        counts = flat[3:-3].view(n_classes, width)
+        confusion, totals = counts[:, :n_classes], counts.sum(dim=1)
+        result["per_class"] = [(confusion[k, k] / totals[k]).item() if totals[k] > 0 else float("nan")
+                               for k in range(n_classes)]  # fmt: skip
+        result["confusion"] = confusion.long().tolist()
+    shortest, longest, measured = flat[-3:].tolist()
+    if measured:  # the model's outputs have class lengths (or probabilities)
+        result.update({"shortest": shortest / measured, "longest": longest / measured, "classes": max(widths)})
+    return result
+
+
+def _score_batches(model, batches, sums, *, score, n_classes, width, device) -> None:
+    """Add each batch's loss sum, correct count, count and (`width`) confusion counts to `sums`."""
     for batch in batches:
         n = batch.targets.shape[0]  # (an ensemble's input is [members, B, C, H, W])
         if score is not None:
@@ -75,18 +105,16 @@ def evaluate_batches(
             predicted = torch.where((predicted >= 0) & (predicted < n_classes), predicted, n_classes)
             cell = 3 + batch.targets.long() * width + predicted  # confusion[true, predicted], flattened
             sums.index_add_(0, cell, torch.ones_like(cell, dtype=torch.float64))
-    model.train(was_training)
-    flat = dist_utils.all_sum_tensor(sums, dist).cpu()
-    loss_sum, correct, count = flat[:3].tolist()
-    result: dict[str, Any] = {"accuracy": correct / max(count, 1), "loss": loss_sum / max(count, 1), "n": int(count)}
-    if width:
-        assert n_classes is not None
-        counts = flat[3:].view(n_classes, width)
-        confusion, totals = counts[:, :n_classes], counts.sum(dim=1)
-        result["per_class"] = [(confusion[k, k] / totals[k]).item() if totals[k] > 0 else float("nan")
-                               for k in range(n_classes)]  # fmt: skip
-        result["confusion"] = confusion.long().tolist()
-    return result
+
+
+def _add_lengths(sums: torch.Tensor, widths: set[int], out: Any) -> None:
+    """Add a forward's shortest and longest class length [B, n_classes] (its `.lengths`), summed over the batch,
+    and its batch size to `sums`; its n_classes to `widths`."""
+    lengths = getattr(out, "lengths", None)
+    if isinstance(lengths, torch.Tensor) and lengths.dim() == 2 and lengths.shape[1] > 1:
+        widths.add(lengths.shape[1])
+        ends = lengths.detach().double()
+        sums += torch.stack([ends.min(dim=1).values.sum(), ends.max(dim=1).values.sum(), ends.new_tensor(len(ends))])
 
 
 def split_batches(

@@ -18,6 +18,7 @@ small all-reduce), so a stop takes effect within STOP_CHECK_EVERY steps; a singl
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,12 +32,13 @@ from . import graphs
 from .build import Run
 from .callbacks import RunLog, StopFlag
 from .checkpoint import TEST_NAME, load_weights, remove_strays
-from .config import TrainResult
+from .config import TrainConfig, TrainResult
 from .phases import phase
 from .record import write_record
 from .runfolder import resumed_line
 from .selection import choose_best
 from .state import EpochSums, RunState, restore, save_checkpoint
+from .stuck import epoch_stuck_line
 from .tasks import Batch
 
 STOP_CHECK_EVERY = 16  # steps between the torchrun ranks' agreement on a stop (one all-reduce + one host sync)
@@ -152,19 +154,23 @@ def train_epoch(run: Run, state: RunState, log: RunLog, signals: StopFlag, on_st
 def close_epoch(run: Run, state: RunState) -> dict[str, float]:
     """Close the epoch: its history row (:func:`evaluate_epoch`), the schedule's step, and a new best (saved as
     best/ by the checkpoint that follows) by the run's monitor (capsnet.training.selection)."""
-    row, split, candidates = evaluate_epoch(run, state)
+    row, split, candidates, n_classes = evaluate_epoch(run, state)
     run.scheduler.step()  # the learning rate's decay per epoch
+    line = epoch_stuck_line(row, n_classes=n_classes, flag="--lr" if isinstance(run.config, TrainConfig) else "lr=")
+    if line is not None and run.dist.is_main:
+        print(line, file=sys.stderr, flush=True)
     spec = run.config.monitor if split is not None else "val_loss"  # (no held-out data: the training loss)
     assert spec is not None  # resolved by open_run()
     state.best = choose_best(state.best, candidates, spec=spec, split=split, epoch=state.epoch + 1, step=state.step)
     return row
 
 
-def evaluate_epoch(run: Run, state: RunState) -> tuple[dict[str, float], str | None, list[tuple[str, dict]]]:
+def evaluate_epoch(run: Run, state: RunState) -> tuple[dict[str, float], str | None, list[tuple[str, dict]], int]:
     """The epoch's history row: the training sums reduced over ranks, and the scores of the validation split (the
     test split when there is none, nothing when there is neither), with --ema its moving average's too. Returns
-    (row, the split scored or None, the candidates for best/: (weights "raw" | "ema", scores)); without a split
-    scored, the one candidate is the raw weights' training loss."""
+    (row, the split scored or None, the candidates for best/: (weights "raw" | "ema", scores), the number of class
+    lengths the evaluation measured or 0); without a split scored, the one candidate is the raw weights' training
+    loss."""
     sums = torch.tensor(state.sums.to_list(), dtype=torch.float64, device=run.device)
     loss_sum, correct, count, seconds = dist_utils.all_sum_tensor(sums, run.dist).tolist()
     seconds /= run.dist.world_size
@@ -172,6 +178,7 @@ def evaluate_epoch(run: Run, state: RunState) -> tuple[dict[str, float], str | N
     split = "val" if run.task.has_val else "test" if run.task.has_test else None
     row = {"epoch": state.epoch + 1, "train_loss": loss_sum / max(count, 1), "train_acc": correct / max(count, 1)}
     candidates: list[tuple[str, dict[str, float]]] = [("raw", {"loss": row["train_loss"]})]
+    row_classes = 0  # the class lengths' number, where the model's outputs have them
     if split is not None:
         models = [("raw", run.model)] + ([("ema", run.ema.model)] if run.ema is not None else [])
         candidates = []
@@ -181,10 +188,13 @@ def evaluate_epoch(run: Run, state: RunState) -> tuple[dict[str, float], str | N
             )
             prefix = "" if weights == "raw" else "ema_"
             row.update({f"{prefix}{split}_loss": scores["loss"], f"{prefix}{split}_acc": scores["accuracy"]})
+            if weights == "raw" and "shortest" in scores:
+                row.update({"shortest_length": scores["shortest"], "longest_length": scores["longest"]})
+                row_classes = int(scores["classes"])
             candidates.append((weights, {"accuracy": scores["accuracy"], "loss": scores["loss"]}))
     row.update({"lr": lr, "images_per_s": count / max(seconds, 1e-9), "seconds": seconds})
     state.history.append(row)
-    return row, split, candidates
+    return row, split, candidates, row_classes
 
 
 def final_test(run: Run, state: RunState) -> dict[str, Any]:
