@@ -9,6 +9,7 @@ imports them. No import cycle anywhere, and no façade: every import names the m
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -291,3 +292,11 @@ def test_each_training_module_says_its_one_job_in_its_first_line(module):
     assert doc, f"{module} has no docstring"
     first = doc.splitlines()[0]
     assert first.endswith((".", ":")) and len(first) <= 120, f"{module}: the first line should be one sentence: {first}"
+
+
+def test_docstrings_have_no_sphinx_roles():
+    # the docs site renders docstrings as Markdown (mkdocstrings): ":class:`X`" would print literally; write `X`
+    role = re.compile(r":(class|func|mod|meth|data|attr|exc|obj):`")
+    found = [f"{m}:{n}" for m, p in MODULES.items()
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if role.search(line)]  # fmt: skip
+    assert not found, f"Sphinx roles in {found[:5]}"

@@ -2,7 +2,7 @@
 
     fetch_url(url, dest, md5=..., sha256=...) -> dest
 
-- Each try streams the body into a temporary file beside `dest` (:func:`capsnet.fileio.atomic_open`), which
+- Each try streams the body into a temporary file beside `dest` (`capsnet.fileio.atomic_open`), which
   replaces `dest` only once the whole body is in and checked: a failed, cut or interrupted (Ctrl-C, a kill) download
   never leaves a partial file at `dest`.
 - Checked: the bytes received against the Content-Length the server announced, then the MD5 / SHA-256 if given.
@@ -19,7 +19,7 @@
   cache) take turns on a lock file beside it (filelock.FileLock, `.NAME.lock`); the first downloads, the others find
   `dest` there.
 
-Failing every try raises :class:`capsnet.errors.DownloadError`, one line naming the URL and why each try failed.
+Failing every try raises `capsnet.errors.DownloadError`, one line naming the URL and why each try failed.
 An error of the local file system (a read-only folder, a full disk) is not retried: it propagates as the OSError.
 
 May import: the other foundation modules (errors, fileio, _version); nothing above them.

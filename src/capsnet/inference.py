@@ -18,7 +18,7 @@ DataLoader, read once as a stream, gets the recorded ones.
 Ensemble: several trained models as one, the average of their class probabilities (capsule lengths).
 
 The paper's CIFAR-10 result (§7, 10.6% error) is "an ensemble of 7 models", each trained with the same setup;
-`capsnet evaluate --checkpoint RUN1 --checkpoint RUN2 ...` evaluates such an ensemble with :class:`Ensemble`.
+`capsnet evaluate --checkpoint RUN1 --checkpoint RUN2 ...` evaluates such an ensemble with `Ensemble`.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def model_device(model: nn.Module) -> torch.device:
 # ------------------------------------------------------------------------------------------------ predict
 @dataclass
 class Prediction:
-    """What :func:`predict` returns for B images."""
+    """What `predict` returns for B images."""
 
     classes: torch.Tensor  # the predicted class indices (int64) [B]
     names: list[str]  # their names, as the model records them from its training data (else the index)
@@ -198,9 +198,9 @@ def evaluate_checkpoint(
     device: str = "cpu",
 ) -> dict:
     """Load a run folder or save_pretrained folder and evaluate it on a data set split. Several checkpoints are
-    evaluated as one :class:`capsnet.training.ensemble.Ensemble` (their capsule lengths averaged).
+    evaluated as one `capsnet.training.ensemble.Ensemble` (their capsule lengths averaged).
 
-    The data set defaults to the one the checkpoint records (:func:`recorded_data`); `dataset` / `data_dir` choose
+    The data set defaults to the one the checkpoint records (`recorded_data`); `dataset` / `data_dir` choose
     another. Image folders are converted as for training: to the size the model recorded (before its crops) and
     channels. `device`: cpu, cuda, cuda:K or auto."""
     if batch_size < 1:
@@ -277,7 +277,7 @@ def class_name(cfg, k: int) -> str:
 
 # ------------------------------------------------------------------------------------------------ ensembles
 class EnsembleOutput(NamedTuple):
-    """Mirrors :class:`capsnet.CapsNetOutput`: the averaged lengths and their argmax."""
+    """Mirrors `capsnet.CapsNetOutput`: the averaged lengths and their argmax."""
 
     capsules: None
     lengths: torch.Tensor  # mean over the members of |v_j| (or a baseline's softmax)  [B, n_classes]
@@ -289,7 +289,7 @@ class EnsembleOutput(NamedTuple):
 class Ensemble(nn.Module):
     """Averages the class probabilities of `models`, which must read the same raw images (channels, size, the size
     before cropping, digit-style or not) and have the same classes. Each member gets the raw images through its own
-    input recipe (its scaling may differ): :meth:`prepare_input` makes one input per member [M, B, C, H, W], which
+    input recipe (its scaling may differ): `prepare_input` makes one input per member [M, B, C, H, W], which
     forward takes. `config` is the first member's (what evaluate() reads)."""
 
     def __init__(self, models: list[nn.Module]):

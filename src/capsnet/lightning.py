@@ -1,4 +1,4 @@
-"""A capsnet model in a Lightning `Trainer`: :class:`CapsuleModule` wraps any registered model with its own loss,
+"""A capsnet model in a Lightning `Trainer`: `CapsuleModule` wraps any registered model with its own loss,
 its input recipe and its metrics (the `lightning` extra).
 
     module = CapsuleModule(capsnet.create_model("capsnet"), augment="shift=2")   # the paper's MNIST shift

@@ -21,7 +21,7 @@ from .routings import DEFAULT_ROUTING, ROUTINGS, RoutingRecord, routing_help, ro
 
 @dataclass
 class CapsNetConfig(RecordedData):
-    """Hyper-parameters of :class:`CapsNet`; the defaults are the paper's MNIST model."""
+    """Hyper-parameters of `CapsNet`; the defaults are the paper's MNIST model."""
 
     in_channels: int = field(default=1, metadata={"help": "input image channels"})
     image_size: int | tuple[int, ...] = field(

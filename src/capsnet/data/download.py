@@ -1,6 +1,6 @@
 """Known downloadable data sets, their checksums and mirrors, and how a set is downloaded into the cache.
 
-Each file comes through :func:`capsnet.fetch.fetch_url` (urllib only): checked against its Content-Length and MD5
+Each file comes through `capsnet.fetch.fetch_url` (urllib only): checked against its Content-Length and MD5
 before it lands in the cache, written atomically (a failed or killed download never leaves a partial file),
 retried TRIES_PER_MIRROR times with backoff on any fault another try may get past (a dropped connection, a cut
 body, a timeout, wrong bytes), then fetched from the next mirror. A set is downloaded by one process at a time

@@ -95,7 +95,7 @@ def _list_classes(folder: Path) -> dict[str, list[Path]]:
 
 
 def class_names(root: str | os.PathLike) -> list[str]:
-    """The class names of the image folder `root` (its training class folders, sorted) as :func:`load_folder` names
+    """The class names of the image folder `root` (its training class folders, sorted) as `load_folder` names
     them, from listing the folders alone: no image is opened."""
     return sorted(_list_classes(split_dirs(Path(root))[0]))
 
@@ -282,7 +282,7 @@ def load_folder(
     source: str | None = None,
     val_fraction: float | None = None,
 ):
-    """Load an image folder as a :class:`Dataset` (see the module docstring for the layouts and options).
+    """Load an image folder as a `Dataset` (see the module docstring for the layouts and options).
 
     `val_fraction` is the deprecated name of `test_fraction` (the share of each class held out for *testing* when
     the folder has no test split); a validation split is held out of the training split by the training task."""

@@ -77,7 +77,7 @@ def load_image(path: str | Path, *, size: int = 28, channels: int = 1) -> torch.
 
 def load_image_resized(path: str | Path, *, size: tuple[int, int], channels: int) -> torch.Tensor:
     """Read an image into [C, H, W] in [0, 1] as the image-folder reader converts training images: mode to L or
-    RGB, resized (bilinear) to `size` (H, W). No inversion or boxing (that is :func:`load_image`, for digits)."""
+    RGB, resized (bilinear) to `size` (H, W). No inversion or boxing (that is `load_image`, for digits)."""
     from PIL import Image
 
     img = _open_image(path, channels)

@@ -168,7 +168,7 @@ class PairForward(nn.Module):
 
 # ------------------------------------------------------------------------------------------------ task
 class MultiMNISTTask(Task):
-    """MultiMNIST training and test (§6) for the loop in :mod:`capsnet.training`."""
+    """MultiMNIST training and test (§6) for the loop in `capsnet.training`."""
 
     name = "multimnist"
     image_size: int  # the square canvas

@@ -1,6 +1,6 @@
 """`capsnet reproduce mnist|multimnist|affnist`: the paper's experiments, one command each.
 
-Each trains CapsNet and the paper's baseline CNN with the loop of :mod:`capsnet.training` (checkpoints, resume,
+Each trains CapsNet and the paper's baseline CNN with the loop of `capsnet.training` (checkpoints, resume,
 TensorBoard, torchrun all apply) and prints ours next to the paper's figure:
 
     mnist       Table 1, MNIST test error: CapsNet (3 routing iterations, reconstruction) 0.25%, baseline 0.39%

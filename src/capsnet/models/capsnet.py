@@ -42,7 +42,7 @@ MNIST_CLASS_LAYER = (1152, 10)  # the paper's class layer: 6·6·32 primary caps
 class CapsNet(Pretrained, nn.Module):
     """The paper's CapsNet: 8,215,568 parameters with the decoder, 6,804,224 without, on 28×28 MNIST.
 
-    `CapsNet()` builds the paper's model; options are keyword-only and mirror :class:`CapsNetConfig`,
+    `CapsNet()` builds the paper's model; options are keyword-only and mirror `CapsNetConfig`,
     e.g. `CapsNet(routing_iterations=1, decoder=False)`, or pass `config=CapsNetConfig(...)`.
     """
 

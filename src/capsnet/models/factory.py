@@ -18,7 +18,7 @@ from .registry import MODELS
 
 
 def create_model(name: str, *, pretrained: str | os.PathLike | None = None, **overrides: Any) -> Any:
-    """The model registered as `name` (see :func:`capsnet.list_models`).
+    """The model registered as `name` (see `capsnet.list_models`).
 
     Without `pretrained`: freshly initialised, in training mode, its config the paper's defaults with `overrides`
     (config fields, e.g. `create_model("capsnet", in_channels=3, image_size=32, routing_iterations=1)`).
@@ -79,7 +79,7 @@ __all__ = ["create_model"]
 def list_models(pattern: str = "*", *, pretrained: bool = False) -> list[str]:
     """The registered model names, installed plugins' included, sorted: those matching the shell-style `pattern`
     (e.g. "*capsnet"), and with `pretrained=True` only those with shipped weights
-    (:func:`capsnet.models.hub.shipped_tags`). A plugin that fails to load is a warning naming it."""
+    (`capsnet.models.hub.shipped_tags`). A plugin that fails to load is a warning naming it."""
     for line in MODELS.load_plugins():
         warnings.warn(line, stacklevel=2)
     names = sorted(n for n in MODELS if fnmatch.fnmatchcase(n, pattern))

@@ -13,7 +13,7 @@ model records in its config.json (capsnet.models.inputs.RecordedData) turns them
 Per-image standardisation (`standardize`) runs inside the models' forward. `digits` says whether the raw images
 are digit-style ink images (white on black, a 20/28 box): `capsnet predict` converts image files to that form.
 
-Every path calls :func:`model_input` (or a task's batches, which apply the same recipe's :meth:`InputRecipe.scale`
+Every path calls `model_input` (or a task's batches, which apply the same recipe's `InputRecipe.scale`
 before their random crops): the training tasks, the graph-captured step, `fit`'s loader, evaluate, predict,
 visualize, the ensemble (each member its own recipe) and the exported graphs.
 """
@@ -125,7 +125,7 @@ def recipe_of(model: Any) -> InputRecipe:
 
 def model_input(model: Any, images: torch.Tensor, *, stats: Stats | None = None) -> torch.Tensor:
     """Raw images -> what `model`'s forward takes. A model with a `prepare_input(images, stats)` method (the
-    ensemble: one input per member) prepares its own; any other by its recipe (:func:`recipe_of`)."""
+    ensemble: one input per member) prepares its own; any other by its recipe (`recipe_of`)."""
     prepare = getattr(model, "prepare_input", None)
     if callable(prepare):
         return prepare(images, stats)

@@ -2,21 +2,21 @@
 
 Each kernel is one C++ file in ``csrc/`` (``routing_cpu.cpp``: dynamic routing; ``inverted_attention_cpu.cpp``:
 inverted dot-product attention routing); the building blocks they share are in ``csrc/routing_common.h``, which is
-spliced into a kernel's text in place of its ``#include "routing_common.h"`` line (:func:`extension_source`). The
+spliced into a kernel's text in place of its ``#include "routing_common.h"`` line (`extension_source`). The
 text is compiled with ``torch.utils.cpp_extension.load_inline`` (``-O3 -march=native -fopenmp``, or without
 ``-march=native`` if that fails; needs a C++ compiler and ninja) into capsnet's own cache, one folder per build
-(``~/.cache/capsnet/extensions/<name>``, or under ``$CAPSNET_EXTENSIONS``; :func:`extensions_root`). The name
-carries a hash of the whole text and of the build key (:func:`build_key`: the torch version, its CPU/CUDA flavour,
+(``~/.cache/capsnet/extensions/<name>``, or under ``$CAPSNET_EXTENSIONS``; `extensions_root`). The name
+carries a hash of the whole text and of the build key (`build_key`: the torch version, its CPU/CUDA flavour,
 the Python ABI, the compiler and the CPU model with its instruction-set flags), so two venvs or two torch versions
 on one machine never replace each other's build, a change to a kernel or its header gets a fresh build, and a
 cached build is loaded without compiling.
 
-:class:`LazyExtension` builds a kernel once per process (thread-safe), with one notice line on stderr when it
+`LazyExtension` builds a kernel once per process (thread-safe), with one notice line on stderr when it
 compiles (what, where, and how long the last build took on this machine), and leaves os.environ as it found it;
 if it cannot be built, its `load` returns None after one warning, and the layers use their PyTorch computation.
-Whether a layer uses its kernel is the routing backend's choice (:mod:`capsnet.routing.backend`: "auto", "cpp"
+Whether a layer uses its kernel is the routing backend's choice (`capsnet.routing.backend`: "auto", "cpp"
 or "torch"); ``CAPSNET_NO_EXT=1`` disables the kernels.
-A kernel's module (e.g. :mod:`capsnet.routing.dynamic_cpu`) exposes `load`, `available` and `applicable` from it.
+A kernel's module (e.g. `capsnet.routing.dynamic_cpu`) exposes `load`, `available` and `applicable` from it.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def extension_source(source_path: Path) -> str:
 
 def extension_name(prefix: str, source: str, cpu: str | None, key: Mapping[str, str] | None = None) -> str:
     """`prefix_<hash>` (`prefix_generic_<hash>` when `cpu` is None: the build without -march=native): the hash covers
-    the source text, the CPU model and the build key (default: :func:`build_key`)."""
+    the source text, the CPU model and the build key (default: `build_key`)."""
     key = build_key() if key is None else key
     text = "\n".join([cpu or "generic", *(f"{k}={key[k]}" for k in sorted(key)), source])
     digest = hashlib.sha1(text.encode()).hexdigest()[:12]
@@ -183,9 +183,9 @@ def build_extension(
     key: Mapping[str, str] | None = None,
 ) -> ModuleType:
     """Compile the C++ file `source_path` (headers spliced in) with -march=native, else without, in its own folder
-    of :func:`extensions_root` named by :func:`extension_name`; a build already there is loaded without compiling.
+    of `extensions_root` named by `extension_name`; a build already there is loaded without compiling.
     Before a real compilation, one line on stderr names `notice` (what is built), where, and how long it takes.
-    Raises RuntimeError if neither builds. os.environ is left as it was (:func:`build_environment`)."""
+    Raises RuntimeError if neither builds. os.environ is left as it was (`build_environment`)."""
     from torch.utils.cpp_extension import load_inline
 
     source = extension_source(source_path)
@@ -232,8 +232,8 @@ def assume_constant_result(fn: Callable[[], bool]) -> Callable[[], bool]:
 
 
 class LazyExtension:
-    """The kernel `csrc/<name>.cpp`, built as `capsnet_<name>_…` by :func:`build_extension` at the first
-    :meth:`load` and kept. `what` names it in messages ("the fused CPU routing kernel"), `fallback` what runs
+    """The kernel `csrc/<name>.cpp`, built as `capsnet_<name>_…` by `build_extension` at the first
+    `load` and kept. `what` names it in messages ("the fused CPU routing kernel"), `fallback` what runs
     instead if it does not build."""
 
     def __init__(self, name: str, *, what: str, fallback: str):
@@ -276,7 +276,7 @@ class LazyExtension:
         return module
 
     def usable(self, backend: str | None = None) -> bool:
-        """Whether a layer whose `backend` is `backend` (None: the global choice, :mod:`capsnet.routing.backend`) runs
+        """Whether a layer whose `backend` is `backend` (None: the global choice, `capsnet.routing.backend`) runs
         this kernel on CPU tensors: never under "torch"; under "auto" if it builds (built on the first call); under
         "cpp" always, and a kernel that does not build raises."""
         choice = resolve_backend(backend)

@@ -10,12 +10,12 @@ sums [B, T, out, d] and of the agreements [T-1, B, in, out]), then, in parallel 
 dL/du and dL/dW (summed over the batch in a fixed order, so the result does not depend on the thread count).
 
 Matrix poses (√d×√d matrices P_i, W_ij √d×√d) go through the same kernel: V_ij = W_ij P_i costs √d multiply-adds
-per vote element, as written, with W_ij passed as √d rows of d (:func:`matrix_weight_rows`; autograd folds their
+per vote element, as written, with W_ij passed as √d rows of d (`matrix_weight_rows`; autograd folds their
 gradient back onto W).
 
-Built at first use by :mod:`capsnet.routing.extension`, as dynamic routing's kernel (needs a C++ compiler and ninja,
+Built at first use by `capsnet.routing.extension`, as dynamic routing's kernel (needs a C++ compiler and ninja,
 cached in torch's extension directory; the building blocks both kernels share are in ``csrc/routing_common.h``).
-If it cannot be built, :func:`available` is False (one warning) and the layers use the plain PyTorch computation;
+If it cannot be built, `available` is False (one warning) and the layers use the plain PyTorch computation;
 ``CAPSNET_NO_EXT=1`` disables it.
 """
 
@@ -44,7 +44,7 @@ def _forward_op(
     passes: int, scale: float, eps: float, matrix: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(p [B, out, d], r [B, in, out] of the last pass, r_all [K, B, in, out] of the passes with agreement,
-    s_all [B, passes, out, d] the sums before LayerNorm). With `matrix`, weight is :func:`matrix_weight_rows`'s."""
+    s_all [B, passes, out, d] the sums before LayerNorm). With `matrix`, weight is `matrix_weight_rows`'s."""
     p0 = None if parent is None else parent.contiguous()
     p, r_all, s_all = _kernel().forward(
         u.contiguous(), weight.contiguous(), gamma.contiguous(), beta.contiguous(), p0, passes, scale, eps, matrix

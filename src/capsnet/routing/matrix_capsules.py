@@ -27,7 +27,7 @@ class _CentredActivations(nn.Module):
     The flag is a buffer (saved with the weights) mirrored by a host bool, `centred`, so that the check in every
     training forward never reads the device; loading a state dict sets both. Under DistributedDataParallel the
     centring must happen before the model is wrapped, on a batch every rank agrees on
-    (:meth:`capsnet.models.em_capsnet.EMCapsNet.init_from_data`; `capsnet train` does so): DDP never broadcasts
+    (`capsnet.models.em_capsnet.EMCapsNet.init_from_data`; `capsnet train` does so): DDP never broadcasts
     the parameters again."""
 
     iterations: int  # (set by the subclasses)

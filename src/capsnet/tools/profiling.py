@@ -1,10 +1,10 @@
 """Where a training step's time goes: torch.profiler over a few real steps, summarized per phase and per kernel.
 
-The step's phase ranges are capsnet.training.phases'. :func:`summarize` reads the profiler's events. On CUDA the
+The step's phase ranges are capsnet.training.phases'. `summarize` reads the profiler's events. On CUDA the
 "kernels" are the device's kernels, copies and fills, each attributed to the phase of the operator that launched it;
 on the CPU they are the operators themselves (their own time, children excluded). A backward kernel is attributed to
 the phase of the forward operator whose autograd node ran it (the profiler records both with the same sequence
-number). :func:`profile_training` builds a run as `capsnet train` does, takes a few warm-up steps and profiles the
+number). `profile_training` builds a run as `capsnet train` does, takes a few warm-up steps and profiles the
 next ones.
 """
 
@@ -85,7 +85,7 @@ def _cuda_kernels(events) -> tuple[list, list[float], float, float]:
 
 
 def _cpu_kernels(events, host_us: float) -> tuple[list, list[float], float, float]:
-    """As :func:`_cuda_kernels` for a CPU profile of `host_us` µs of steps: each operator with its own time; the
+    """As `_cuda_kernels` for a CPU profile of `host_us` µs of steps: each operator with its own time; the
     host's time outside every operator, per operator (no device timeline: window 0)."""
     kernels = [(e, e, e.self_cpu_time_total) for e in events if not e.is_user_annotation
                and e.device_type.name == "CPU" and e.self_cpu_time_total > 0 and not _is_backward_node(e)]  # fmt: skip
@@ -98,7 +98,7 @@ def _cpu_kernels(events, host_us: float) -> tuple[list, list[float], float, floa
 def summarize(events, *, steps: int, device_type: str, top: int = 12, labels: set[str] | None = None) -> dict:
     """The per-step figures of `events` (a profile of `steps` steps, each inside a STEP range): time per phase
     (forward and backward), the top kernels, kernel launches, the host's time between launches and the device's
-    idle share (CUDA). `labels`: the phase ranges' names (default: those :func:`profiled` and :func:`phase` use)."""
+    idle share (CUDA). `labels`: the phase ranges' names (default: those `profiled` and `phase` use)."""
     events = list(events)
     labels = set(LABELS if labels is None else labels)
     forward = _forward_phases(events, labels)
@@ -138,7 +138,7 @@ def summarize(events, *, steps: int, device_type: str, top: int = 12, labels: se
 # ------------------------------------------------------------------------------------------------ the driver
 def profile_training(config, model_config=None, *, steps: int = 5, warmup: int = 5) -> dict:
     """Build a run as `capsnet train` does (`config`: a TrainConfig), take `warmup` training steps, then profile
-    `steps` more; returns :func:`summarize`'s figures (with the configuration's batch, precision and device)."""
+    `steps` more; returns `summarize`'s figures (with the configuration's batch, precision and device)."""
     from torch.profiler import ProfilerActivity, profile
 
     from ..training.build import build

@@ -104,7 +104,7 @@ def ship_card(run_dir: str | os.PathLike) -> dict[str, Any]:
 
 def ship_run(run_dir: str | os.PathLike, *, tag: str, root: str | os.PathLike | None = None) -> Path:
     """Write run_dir/best/ as shipped weights MODEL:TAG (root: capsnet.models.hub.weights_root() by default), with
-    its :func:`ship_card`; returns the folder written."""
+    its `ship_card`; returns the folder written."""
     card = ship_card(run_dir)
     best = Path(run_dir) / "best"
     model = load_pretrained(best)

@@ -67,7 +67,7 @@ def train(
     MNIST classification recipe on `config.dataset` (its dataset, subset and shift fields).
 
     Resuming (`config.resume`), `config` must agree with the run's recorded settings but for what may change
-    (capsnet.training.record.MAY_CHANGE); its unset (None) fields are the run's. :func:`resume` takes them all from
+    (capsnet.training.record.MAY_CHANGE); its unset (None) fields are the run's. `resume` takes them all from
     the run.
     """
     return launch(config, lambda device, dist: build(config, model_config, device, dist, task), on_step)
@@ -84,7 +84,7 @@ def resume(out: str | Path, *, on_step: Callable[[int], bool] | None = None, **c
 
 def launch(config: TrainConfig | FitConfig, make_run: Callable[..., Run], on_step) -> TrainResult:
     """Join torchrun's process group (when launched by it) on this rank's device, build the run there with
-    `make_run(device, dist)` and train it (:func:`run_loop`); at the end, let go of the run folder's lock and
+    `make_run(device, dist)` and train it (`run_loop`); at the end, let go of the run folder's lock and
     leave the group."""
     dist = dist_utils.from_env()
     device = rank_device(resolve_device(config.device), dist)

@@ -4,8 +4,9 @@
     RUN_DIR/summary.csv    one row per epoch (COLUMNS)
     RUN_DIR/last/, best/   save_pretrained folders (config.json + model.safetensors; for a module of one's own,
                            trained by capsnet.fit, its state_dict in model.safetensors and a config.json naming its
-                           class: :func:`save_model`); best/ is the epoch of the highest validation accuracy (test
-                           accuracy without a validation split; the lowest training loss with neither)
+                           class: `save_model`); best/ is the epoch the run's monitor chooses (by default the lowest
+                           validation loss; the test split's without a validation split; the lowest training loss
+                           with neither: capsnet.training.selection)
     RUN_DIR/state.pt       resumable state: weights, optimizer, scheduler, epoch/step, RNG states, history
                            (RNG: the CPU generator, every rank's augmentation stream, and on CUDA the device's
                            generator, e.g. for dropout)
@@ -17,7 +18,7 @@ state.pt holds only tensors, numbers, strings, lists and dicts, so it loads with
 The set is consistent after a kill at any moment. Each file is written atomically, and state.pt is written first:
 it is the commit point, and last/, best/ and summary.csv are views of it (last/ holds its weights; best/ does too
 when that save made a new best). A kill after state.pt leaves the views one save behind, each still a whole,
-earlier checkpoint; `--resume` rewrites them from state.pt (:func:`restore_views`) before it trains on.
+earlier checkpoint; `--resume` rewrites them from state.pt (`restore_views`) before it trains on.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def get_rng_states(device: torch.device, augment_rng: torch.Generator, dist) -> 
 
 
 def set_rng_states(states: dict[str, Any], device: torch.device, augment_rng: torch.Generator, dist) -> None:
-    """Restore what :func:`get_rng_states` saved: each rank's augmentation stream when the number of processes is
+    """Restore what `get_rng_states` saved: each rank's augmentation stream when the number of processes is
     the same, and the CUDA generator when the state has one and the run is on CUDA (older states have none)."""
     torch.set_rng_state(states["torch"].cpu())
     saved = states["augment"]
@@ -258,7 +259,7 @@ def view_metadata(state: dict[str, Any], view: str) -> dict[str, Any]:
 
 
 def checkpoint_info(folder: str | os.PathLike) -> dict[str, Any] | None:
-    """The "checkpoint" record of a save_pretrained folder written by a training run (see :func:`view_metadata`),
+    """The "checkpoint" record of a save_pretrained folder written by a training run (see `view_metadata`),
     or None for a folder without one (written by save_pretrained directly, or by a capsnet before 0.2)."""
     try:
         meta = json.loads((Path(folder) / CONFIG_NAME).read_text(encoding="utf-8"))

@@ -24,7 +24,7 @@ from .selection import SELECTED_ON
 
 def check_split(model: torch.nn.Module, split: Split, *, source: str) -> None:
     """DatasetError unless `split` fits `model`: images [N, in_channels, H, W] of the model's input size, or of the
-    size it recorded before its training crops (`source_size`; centre-cropped by :func:`evaluate`), labels in
+    size it recorded before its training crops (`source_size`; centre-cropped by `evaluate`), labels in
     [0, n_classes). `source` names the data in the message. A model without such a config: labels >= 0 only."""
     cfg: Any = input_config(model)
     if cfg is None:
@@ -100,7 +100,7 @@ def checkpoint_data(
     n_classes: int | None = None,
 ) -> Dataset:
     """The data set to score `model` (loaded from `checkpoints`) on: `dataset` and/or `data_dir` when given, else
-    what the checkpoints record (:func:`recorded_data`; they must agree), loaded with the conversion the model
+    what the checkpoints record (`recorded_data`; they must agree), loaded with the conversion the model
     recorded (image folders: its size before crops and its channels; a single folder's held-out share).
 
     With `n_classes`, data of another class count is a DatasetError (a class count is never converted): an image

@@ -29,7 +29,7 @@ def subset(split: Split, n: int | None) -> Split:
 def validation_split(train: Split, official: Split | None, config) -> tuple[Split, Split | None, dict[str, Any]]:
     """(training split, validation split or None, what config.json records of it) for a TrainConfig's
     val_fraction and val_seed: the data set's official validation split where it has one, else a stratified,
-    seeded hold-out of `train` (:func:`capsnet.data.split.stratified_holdout`); none at val_fraction 0."""
+    seeded hold-out of `train` (`capsnet.data.split.stratified_holdout`); none at val_fraction 0."""
     fraction = float(getattr(config, "val_fraction", 0.0))
     seed = int(getattr(config, "val_seed", 0))
     if fraction == 0:
@@ -132,7 +132,7 @@ class ClassificationTask(Task):
 
     def on_device(self, which: str, device: torch.device) -> Split | None:
         """The "train", "val" or "test" split, moved to `device` once (uint8: 47 MB for MNIST's training set) when it
-        fits (:func:`fits_on_device`, asked before anything is copied); None when it does not."""
+        fits (`fits_on_device`, asked before anything is copied); None when it does not."""
         key = (which, str(device))
         if key not in self._resident:
             split = getattr(self, which)
@@ -163,7 +163,7 @@ class ClassificationTask(Task):
         return Batch(self.augment(self.recipe.scale(to_float(images)), generator), labels)
 
     def augment(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """The training augmentation (:class:`capsnet.data.imageaug.AugmentSpec`; by default the paper's random
+        """The training augmentation (`capsnet.data.imageaug.AugmentSpec`; by default the paper's random
         shift, §5)."""
         return self.spec(images, generator)
 

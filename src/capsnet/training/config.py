@@ -238,7 +238,8 @@ def decay_per_epoch(lr_decay: float | None, lr_end: float | None, epochs: int) -
 @dataclass
 class TrainResult:
     """What a run did. `best` is {"epoch", "step", "metric", "value"}: the epoch best/ holds and the figure it was
-    chosen on ("val_acc"; "test_acc" without a validation split; "train_loss" with neither, capsnet.fit's). `test`
+    chosen on (the monitor's: "val_loss" by default, "val_acc" with val_accuracy; "test_*" without a validation split;
+    "train_loss" with neither). `test`
     is the run's test.json once it has finished: {"selected_on", "best": {"epoch", "accuracy", "loss", "n"},
     "last": {...}}; None before."""
 

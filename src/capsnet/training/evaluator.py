@@ -143,7 +143,7 @@ def evaluate(
     dist: dist_utils.DistInfo | None = None,
 ) -> dict[str, Any]:
     """Test-time metrics of `model` on `split`: accuracy, n, loss (the mean training loss on these images),
-    per_class accuracy and the confusion matrix (:func:`evaluate_batches`). Under torchrun each rank takes every
+    per_class accuracy and the confusion matrix (`evaluate_batches`). Under torchrun each rank takes every
     world_size-th image and the counts are summed over ranks.
 
     Every batch reaches the model through its input recipe (capsnet.models.recipe.model_input: centre crop,

@@ -3,7 +3,7 @@
 - A **Dataset** (map-style: `__getitem__` and `__len__`, e.g. a torch.utils.data.Dataset subclass of one's own)
   yields `(image, label)`: the image a tensor [C, H, W] (uint8 pixels, or floats in [0, 1]: the model's input
   recipe, capsnet.models.recipe, turns them into its input), the label a class index. capsnet batches it with
-  :class:`SeededSampler`: a fresh permutation each epoch, seeded by (seed, epoch) as `capsnet train` shuffles,
+  `SeededSampler`: a fresh permutation each epoch, seeded by (seed, epoch) as `capsnet train` shuffles,
   sharded over torchrun ranks as DistributedSampler shards.
   A run stopped mid-epoch resumes at the batch where it stopped: the done batches are skipped without being read.
 - An **iterable of batches** (a DataLoader, a list of batches, a streaming source without `__len__`) yields
@@ -14,7 +14,7 @@
   iterables must have a length, the same on every rank (every rank takes as many steps).
 
 Validation: `val_data` if given; else, for a Dataset, a seeded, stratified `val_fraction` of it held out
-(:func:`capsnet.data.split.holdout_indices`, as `capsnet train --val-fraction`); else none, and best/ is chosen on
+(`capsnet.data.split.holdout_indices`, as `capsnet train --val-fraction`); else none, and best/ is chosen on
 the test data (its test figure is then a maximum over epochs, as with `--val-fraction 0`), or without test data
 on the training loss.
 """

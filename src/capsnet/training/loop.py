@@ -152,7 +152,7 @@ def train_epoch(run: Run, state: RunState, log: RunLog, signals: StopFlag, on_st
 
 
 def close_epoch(run: Run, state: RunState) -> dict[str, float]:
-    """Close the epoch: its history row (:func:`evaluate_epoch`), the schedule's step, and a new best (saved as
+    """Close the epoch: its history row (`evaluate_epoch`), the schedule's step, and a new best (saved as
     best/ by the checkpoint that follows) by the run's monitor (capsnet.training.selection)."""
     row, split, candidates, n_classes = evaluate_epoch(run, state)
     run.scheduler.step()  # the learning rate's decay per epoch

@@ -1,8 +1,8 @@
 """The training step's named profiler ranges (loss, backward, optimizer, the model's parts), no-ops unless turned on.
 
-The training step marks its phases with :func:`phase` ranges; :func:`profiled` turns them on and names the model's
+The training step marks its phases with `phase` ranges; `profiled` turns them on and names the model's
 forward passes by its top-level submodules (CapsNet: conv1 and primary → "conv", class_caps → "routing", decoder →
-"decoder"), with forward hooks that exist only while a profile is taken. Outside :func:`profiled` a range is a
+"decoder"), with forward hooks that exist only while a profile is taken. Outside `profiled` a range is a
 shared no-op context (a flag test): the step costs what it did without them. The profile's analysis:
 capsnet.tools.profiling.
 """
@@ -28,13 +28,13 @@ LABELS: set[str] = {*PHASES, BACKWARD}  # every phase name used so far (the rang
 
 
 def phase(name: str) -> contextlib.AbstractContextManager:
-    """A `torch.profiler.record_function(name)` range while :func:`profiled` is on; otherwise a no-op."""
+    """A `torch.profiler.record_function(name)` range while `profiled` is on; otherwise a no-op."""
     return torch.profiler.record_function(name) if _active else _NULL
 
 
 @contextlib.contextmanager
 def profiled(model: nn.Module, names: Mapping[str, str] = MODEL_PHASES) -> Iterator[None]:
-    """Turn the step's :func:`phase` ranges on and range each top-level submodule's forward pass as its phase
+    """Turn the step's `phase` ranges on and range each top-level submodule's forward pass as its phase
     (`names`, else the submodule's own name), and the rest of the model's forward as MODEL_OTHER, until the block
     ends."""
     global _active

@@ -12,7 +12,7 @@ model's config, "task": ..., ...}. Resuming (`capsnet train --out RUN --resume`,
   options) given with another value is a ConfigError naming the setting and both values.
 
 Runs recorded before a setting existed lack its key: the setting then takes today's value, unchecked
-(:func:`capsnet.training.config.upgrade_train_dict` maps older meanings of a key to today's).
+(`capsnet.training.config.upgrade_train_dict` maps older meanings of a key to today's).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The run folder, opened in one order by `capsnet train`, :func:`capsnet.training.train` and :func:`capsnet.fit`.
+"""The run folder, opened in one order by `capsnet train`, `capsnet.training.train` and `capsnet.fit`.
 
-:func:`open_run` is the one way in. Its steps, in this order (each refusal is one line, a CapsNetError):
+`open_run` is the one way in. Its steps, in this order (each refusal is one line, a CapsNetError):
 
 1. Settings. Resuming, the run's config.json is the truth: a setting not given is the run's own, one given again
    must agree with it unless it may change on resume (capsnet.training.record), and the validation split is the
@@ -8,14 +8,14 @@
 2. Data. The task is made (its data opened) and checked by the caller's hook (fit: a first batch through the
    model), so a missing data set or a wrong flag is reported as such, never as a folder problem.
 3. Folder. An existing folder that is not a capsnet run is refused with nothing written into it. Rank 0 takes the
-   folder's lock (:data:`LOCK_NAME`, a filelock.FileLock: an flock that the OS releases on any exit of its holder,
+   folder's lock (`LOCK_NAME`, a filelock.FileLock: an flock that the OS releases on any exit of its holder,
    kill -9 included), without waiting; a second writer is refused with the holder's PID (PID_NAME). A fresh run into
    a folder that holds a run is refused: with the same settings it asks for --resume, with other settings it says
    which one differs.
 4. State. Resuming, the state.pt is loaded and checked against the data (the validation split, the data sizes).
 
-The model's side of a resume (its saved config, the data's shape) is :func:`saved_model_config` and
-:func:`check_same_shape`. The lock is released by :func:`release` when the run ends (capsnet.training.api.launch).
+The model's side of a resume (its saved config, the data's shape) is `saved_model_config` and
+`check_same_shape`. The lock is released by `release` when the run ends (capsnet.training.api.launch).
 On network file systems the lock is only as good as the server's flock.
 """
 
@@ -65,7 +65,7 @@ _created: set[str] = set()  # the run folders this process made when it took the
 
 @dataclass
 class OpenedRun:
-    """What :func:`open_run` opened: the settings to train with, the task, the state.pt to resume from (on the
+    """What `open_run` opened: the settings to train with, the task, the state.pt to resume from (on the
     CPU) or None for a fresh run."""
 
     config: TrainConfig | FitConfig
@@ -258,7 +258,7 @@ def acquire(run_dir: Path, *, out: str = "--out") -> None:
 
 def abandon(run_dir: str | os.PathLike) -> None:
     """Let go of `run_dir` after a failure before the run wrote anything: its lock files go (removed while held,
-    so no other process holds them), and so does the folder if this process made it; then :func:`release`."""
+    so no other process holds them), and so does the folder if this process made it; then `release`."""
     key = str(Path(run_dir).resolve())
     if key in _held and {p.name for p in Path(run_dir).iterdir()} <= {LOCK_NAME, PID_NAME}:
         for name in (PID_NAME, LOCK_NAME):

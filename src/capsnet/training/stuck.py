@@ -63,7 +63,7 @@ def stuck_line(*, epoch: int, accuracy: float, n_classes: int, stats: LengthStat
 
 
 def epoch_stuck_line(row: Mapping[str, float], *, n_classes: int, flag: str) -> str | None:
-    """:func:`stuck_line` for an epoch's row of the run's history (summary.csv): its training accuracy and the
+    """`stuck_line` for an epoch's row of the run's history (summary.csv): its training accuracy and the
     class lengths its evaluation measured (None when it measured none). `flag` is how the user sets the learning
     rate: "--lr" (capsnet train) or "lr=" (capsnet.fit)."""
     shortest, longest = row.get("shortest_length"), row.get("longest_length")

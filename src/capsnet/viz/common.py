@@ -33,7 +33,7 @@ def run_folder_of(path: str | os.PathLike) -> Path | None:
 
 
 def load_capsnet(path: str | os.PathLike, *, device: str | torch.device = "cpu", any_model: bool = False):
-    """Load the CapsNet a checkpoint argument names (see :func:`resolve_checkpoint`), in eval mode; with
+    """Load the CapsNet a checkpoint argument names (see `resolve_checkpoint`), in eval mode; with
     `any_model`, any registered model (EfficientCapsNet, the baseline CNN, ...)."""
     from ..models.capsnet import CapsNet
 

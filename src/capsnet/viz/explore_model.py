@@ -1,8 +1,8 @@
 """What `capsnet explore` computes, without the web page: one image through a model, its class capsules, the
 decoder on a tweaked capsule (the paper's Fig. 4) and the routing weights at each iteration. Pure torch; the page
-(:mod:`capsnet.viz.explore`) only lays these out.
+(`capsnet.viz.explore`) only lays these out.
 
-Every input goes through :func:`model_input`, the conversion `capsnet predict` applies to an image file.
+Every input goes through `model_input`, the conversion `capsnet predict` applies to an image file.
 """
 
 from __future__ import annotations
