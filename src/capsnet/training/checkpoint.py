@@ -36,10 +36,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from .._version import __version__
+from ..config import to_dict
 from ..errors import CheckpointError
 from ..fileio import atomic_open, atomic_write_bytes, atomic_write_json
 from ..models.pretrained import CONFIG_NAME, WEIGHTS_NAME, Pretrained, lightning_hint
 from ..models.registry import MODELS
+from . import distributed as dist_utils
 
 STATE_NAME = "state.pt"
 SUMMARY_NAME = "summary.csv"
@@ -300,3 +302,43 @@ def _is_run_config(path: Path) -> bool:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return isinstance(meta, dict) and "train" in meta and "model_type" not in meta
+
+
+# ----------------------------------------------------------------------------------------------- the set
+def save_checkpoint(run: Any, state: Any, *, epoch_done: bool) -> None:
+    """The checkpoint set of `run` (a capsnet.training.build.Run) at `state` (a capsnet.training.state.RunState),
+    on rank 0 (with every rank's augmentation stream): state.pt first, the commit point; then its views last/,
+    best/ (when this epoch is the new best) and summary.csv."""
+    rng = get_rng_states(run.device, run.augment_rng, run.dist)  # a collective under torchrun: every rank calls it
+    running = [0.0] * 4 if epoch_done else dist_utils.all_sum(state.sums.to_list(), run.dist, run.device)
+    if not run.dist.is_main:
+        return
+    saved = {
+        "model": run.model.state_dict(),
+        "model_type": model_name(run.model),
+        "model_config": to_dict(run.model_config) if run.model_config is not None else None,
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "epoch": state.epoch + (1 if epoch_done else 0),
+        "batch_in_epoch": 0 if epoch_done else state.batch_in_epoch,
+        "step": state.step,
+        "best": state.best,
+        "validation": getattr(run.task, "recorded", {}).get("validation"),
+        "data": getattr(run.task, "recorded", {}).get("data"),
+        "history": state.history,
+        "running": running,  # [loss sum, correct, count, seconds], summed over the ranks
+        "running_ranks": run.dist.world_size,
+        "rng": rng,
+    }
+    if run.ema is not None:
+        saved["ema"] = run.ema.state_dict()
+    save_state(run.dir, saved)
+    save_model(run.model, run.dir / "last", metadata=view_metadata(saved, "last"))
+    if epoch_done and state.best.get("step") == state.step:
+        save_model(best_model_of(run, state.best), run.dir / "best", metadata=view_metadata(saved, "best"))
+    write_summary(run.dir, state.history)
+
+
+def best_model_of(run: Any, best: dict[str, Any]) -> torch.nn.Module:
+    """The weights best/ holds when this checkpoint is the best: the moving average's (--ema) or the model's."""
+    return run.ema.model if run.ema is not None and best.get("weights") == "ema" else run.model

@@ -13,11 +13,14 @@ and newer), and CPUs with AVX512_BF16 or AMX. Elsewhere bf16 is emulated; on an 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from typing import Any
 
 import torch
 
 from ..errors import ConfigError
+from ..models.registry import MODELS
 from .distributed import DistInfo
 
 DEFAULT_BATCH = {"cpu": 16, "cuda": 128}
@@ -96,3 +99,23 @@ def precision_note(device: torch.device, precision: str) -> str | None:
         f"capsnet: --precision bf16 is emulated on {what} and may run many times slower than fp32; "
         "--precision fp32 is the faster choice here"
     )
+
+
+def device_settings(config: Any, device: torch.device, *, flag: str, batches: bool,
+                    notes: list[tuple[str, Any]]) -> Any:  # fmt: skip
+    """`config` with its batch size resolved (the model's recipe, else the device's default) and what was chosen
+    for the user appended to `notes` as (line, stream): the batch size when the run `batches` at it, and a
+    precision the device emulates."""
+    if config.batch_size is None:
+        name = getattr(config, "model", None)  # (a FitConfig names no registry model)
+        recipe = getattr(MODELS[name], "default_batch_size", None) if isinstance(name, str) and name in MODELS else None
+        config = dataclasses.replace(config, batch_size=recipe or default_batch_size(device))
+        if batches:
+            option = "--batch-size" if flag.startswith("--") else "batch_size="
+            whose = f"{name}'s recipe" if recipe else f"the {device.type} default"
+            notes.append((f"batch size {config.batch_size} per process ({whose}; set {option} to change)",
+                          sys.stdout))  # fmt: skip
+    note = precision_note(device, config.precision)
+    if note:
+        notes.append((note, sys.stderr))
+    return config

@@ -31,13 +31,13 @@ from . import distributed as dist_utils
 from . import graphs
 from .build import Run
 from .callbacks import RunLog, StopFlag
-from .checkpoint import TEST_NAME, load_weights, remove_strays
+from .checkpoint import TEST_NAME, load_weights, remove_strays, save_checkpoint
 from .config import TrainConfig, TrainResult
 from .phases import phase
 from .record import write_record
 from .runfolder import resumed_line
 from .selection import choose_best
-from .state import EpochSums, RunState, restore, save_checkpoint
+from .state import EpochSums, RunState, restore
 from .stuck import epoch_stuck_line
 from .tasks import Batch
 

@@ -24,16 +24,18 @@ from typing import Any
 
 from .._version import __version__
 from ..config import from_dict, to_dict
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, RunFolderError
 from ..fileio import atomic_write_json
 from ..models.registry import MODELS
+from .checkpoint import STATE_NAME
 from .config import FitConfig, TrainConfig, upgrade_monitor, upgrade_train_dict
+from .selection import DEFAULT_MONITOR, LEGACY_MONITOR
 
 # What a resumed run may change. lr_decay and lr_end reshape the schedule from the resumed epoch on, as epochs does.
 MAY_CHANGE = ("epochs", "lr_decay", "lr_end", "eval_batch_size", "device", "precision", "channels_last", "compile",
               "cuda_graphs", "cudnn_benchmark", "progress", "tensorboard", "workers", "data_dir", "out",
               "overwrite", "resume")  # fmt: skip
-FROM_STATE = ("val_fraction", "val_seed")  # a TrainConfig's split is the one its record says (runfolder.settle)
+FROM_STATE = ("val_fraction", "val_seed")  # a TrainConfig's split is the one its record says (resumed_settings)
 SCHEDULE = ("lr_decay", "lr_end")  # one setting, given either way: one given now replaces the run's other
 RECORD_MARK = "capsnet_version"  # a key of every record written since lr_end may be unset (upgrade_schedule)
 FIT_TASK = "loader"  # the task name of a run made by capsnet.fit
@@ -230,3 +232,30 @@ def split_changes(changes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
 
 
 __all__ = ["MAY_CHANGE", "check_recorded", "fill_unset", "read_record", "resumed_configs", "split_changes"]
+
+
+def resumed_settings(config: Any, *, flag: str) -> Any:
+    """The settings to train with, as far as the record decides them: resuming, the run's own for each unset (None)
+    field, checked against its record, with the validation split it recorded; a monitor unset is the default (a
+    resumed run recorded without one: LEGACY_MONITOR, as runs before monitors chose best/)."""
+    run_dir = Path(config.out)
+    if config.resume:
+        if not (run_dir / STATE_NAME).is_file():
+            raise RunFolderError(f"{flag}: {run_dir} holds no {STATE_NAME} to continue from")
+        config = fill_unset(config, run_dir)  # e.g. the batch size the run was made with, not the device default
+        check_recorded(config, run_dir)  # before any data is read
+        if isinstance(config, TrainConfig):
+            config = resumed_validation(config, read_record(run_dir))
+    if config.monitor is None:
+        config = dataclasses.replace(config, monitor=LEGACY_MONITOR if config.resume else DEFAULT_MONITOR)
+    return config
+
+
+def resumed_validation(config: TrainConfig, meta: dict[str, Any] | None) -> TrainConfig:
+    """The TrainConfig with the validation split the resumed run recorded (val_fraction and val_seed). A run made
+    before validation splits chose best/ on the test set, and keeps doing so."""
+    recorded = (meta or {}).get("validation")
+    if not isinstance(recorded, dict):
+        return dataclasses.replace(config, val_fraction=0.0)
+    fraction = recorded.get("fraction", 0.0 if recorded.get("source") == "none" else config.val_fraction)
+    return dataclasses.replace(config, val_fraction=fraction, val_seed=recorded.get("seed", config.val_seed))

@@ -22,11 +22,9 @@ On network file systems the lock is only as good as the server's flock.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import os
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,19 +39,17 @@ from ..models.inputs import DATA_FIELDS, image_hw
 from ..models.registry import MODELS
 from .checkpoint import STATE_NAME, load_state
 from .config import FitConfig, TrainConfig
-from .hardware import default_batch_size, precision_note
+from .hardware import device_settings
 from .record import (
     FIT_TASK,
-    check_recorded,
     conflicts,
-    fill_unset,
     read_record,
     recorded_model_name,
     recorded_settings,
+    resumed_settings,
     same,
     say,
 )
-from .selection import DEFAULT_MONITOR, LEGACY_MONITOR
 from .tasks import Task
 
 LOCK_NAME = ".capsnet.lock"  # the lock file (each try to take it truncates it: the PID lives beside it)
@@ -88,8 +84,9 @@ def open_run(
     task from the settled config and `check_task(config, task)` checks it; `model_settings` are the model options
     a fresh run compares with a recorded run's. `flag` names the resume switch in messages ("--resume" or
     "resume=True"); `batches`: whether the run batches at `batch_size` (then a default batch size is announced)."""
-    notes: list[tuple[str, Any]] = []  # (what settle chose, said once the data is known to fit)
-    config = settle(config, device, dist, flag=flag, batches=batches, notes=notes)
+    notes: list[tuple[str, Any]] = []  # (what was chosen for the user, said once the data is known to fit)
+    config = resumed_settings(config, flag=flag)  # (capsnet.training.record)
+    config = device_settings(config, device, flag=flag, batches=batches, notes=notes)  # (hardware)
     task = make_task(config)
     if check_task is not None:
         check_task(config, task)
@@ -108,45 +105,6 @@ def open_run(
 
 
 # ----------------------------------------------------------------------------------------------- 1. settings
-def settle(config, device: torch.device, dist, *, flag: str, batches: bool, notes: list[tuple[str, Any]]):
-    """The settings to train with: resuming, the run's own for each unset (None) field, checked against its record,
-    with the validation split it recorded; then the batch size resolved (the model's recipe, else the device's).
-    What it chose for the user is appended to `notes` as (line, stream)."""
-    run_dir = Path(config.out)
-    if config.resume:
-        if not (run_dir / STATE_NAME).is_file():
-            raise RunFolderError(f"{flag}: {run_dir} holds no {STATE_NAME} to continue from")
-        config = fill_unset(config, run_dir)  # e.g. the batch size the run was made with, not the device default
-        check_recorded(config, run_dir)  # before any data is read
-        if isinstance(config, TrainConfig):
-            config = resumed_validation(config, read_record(run_dir))
-    if config.monitor is None:  # a resumed run without a record of its own chose best/ as runs before monitors did
-        config = dataclasses.replace(config, monitor=LEGACY_MONITOR if config.resume else DEFAULT_MONITOR)
-    if config.batch_size is None:
-        name = getattr(config, "model", None)  # (a FitConfig names no registry model)
-        recipe = getattr(MODELS[name], "default_batch_size", None) if isinstance(name, str) and name in MODELS else None
-        config = dataclasses.replace(config, batch_size=recipe or default_batch_size(device))
-        if batches:
-            option = "--batch-size" if flag.startswith("--") else "batch_size="
-            whose = f"{name}'s recipe" if recipe else f"the {device.type} default"
-            notes.append((f"batch size {config.batch_size} per process ({whose}; set {option} to change)",
-                          sys.stdout))  # fmt: skip
-    note = precision_note(device, config.precision)
-    if note:
-        notes.append((note, sys.stderr))
-    return config
-
-
-def resumed_validation(config: TrainConfig, meta: dict[str, Any] | None) -> TrainConfig:
-    """The TrainConfig with the validation split the resumed run recorded (val_fraction and val_seed). A run made
-    before validation splits chose best/ on the test set, and keeps doing so."""
-    recorded = (meta or {}).get("validation")
-    if not isinstance(recorded, dict):
-        return dataclasses.replace(config, val_fraction=0.0)
-    fraction = recorded.get("fraction", 0.0 if recorded.get("source") == "none" else config.val_fraction)
-    return dataclasses.replace(config, val_fraction=fraction, val_seed=recorded.get("seed", config.val_seed))
-
-
 # ----------------------------------------------------------------------------------------------- 3. folder
 def folder_contents(run_dir: Path) -> list[str] | None:
     """The names in `run_dir` besides those a run writes before its record (None: no such folder)."""
