@@ -22,6 +22,7 @@ FOUNDATION = {
     "_version",
     "fetch",
     "_lazy",
+    "logs",
     "pixels",
     "limits",
     "plugins",
@@ -300,3 +301,14 @@ def test_docstrings_have_no_sphinx_roles():
     found = [f"{m}:{n}" for m, p in MODULES.items()
              for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if role.search(line)]  # fmt: skip
     assert not found, f"Sphinx roles in {found[:5]}"
+
+
+LIBRARY = ("nn", "routing", "models", "data", "training", "configs", "foundation")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) in LIBRARY))
+def test_library_modules_log_instead_of_printing(module):
+    # the command line prints; the library logs to the "capsnet" logger (capsnet.logs), which a user can silence
+    calls = [n.lineno for n in ast.walk(ast.parse(MODULES[module].read_text(encoding="utf-8")))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print"]  # fmt: skip
+    assert not calls, f"{module} prints (lines {calls}); log to capsnet.logs.LOGGER instead"

@@ -23,7 +23,6 @@ import hashlib
 import itertools
 import json
 import os
-import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +34,7 @@ from ..configs.base import parse_size as parse_size
 from ..errors import CapsNetError, DatasetError
 from ..fileio import atomic_open, temporary_beside
 from ..limits import MAX_ARRAY_ELEMENTS
+from ..logs import LOGGER
 from .arrays import finish
 from .download import cache_root
 from .images import check_pixels
@@ -186,8 +186,8 @@ def _warn_skipped(skipped: list[str], strict: bool, root: Path) -> None:
     first = ", ".join(skipped[:3]) + (f" (+{len(skipped) - 3} more)" if len(skipped) > 3 else "")
     if strict:
         raise DatasetError(f"{root}: {len(skipped)} unreadable image file(s): {first}")
-    print(f"capsnet: warning: skipped {len(skipped)} unreadable image file(s) in {root}: {first} "
-          "(--strict makes this an error)", file=sys.stderr, flush=True)  # fmt: skip
+    LOGGER.warning(f"capsnet: warning: skipped {len(skipped)} unreadable image file(s) in {root}: {first} "
+                   "(--strict makes this an error)")  # fmt: skip
 
 
 def _decode_all(files, size, channels, workers, dest: Path | None) -> tuple[np.ndarray, np.ndarray]:

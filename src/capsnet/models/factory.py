@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import os
-import sys
 import warnings
 from typing import Any
 
 import torch
 
 from ..config import from_dict, to_dict
+from ..logs import LOGGER
 from .hf_hub import is_hf_ref
 from .hub import resolve_pretrained, shipped_tags
 from .registry import MODELS
@@ -68,8 +68,8 @@ def with_classes(model: Any, n_classes: int, *, source: str) -> Any:
     loaded = {k: v for k, v in kept.items() if k in own and k.rsplit(".", 1)[0] not in renewed}
     with torch.no_grad():
         fresh.load_state_dict({**own, **loaded}, strict=True)
-    print(f"capsnet: {source}: {model.config.n_classes} classes -> {n_classes}: re-initialised {', '.join(renewed)}; "
-          "every other weight loaded", file=sys.stderr)  # fmt: skip
+    LOGGER.warning(f"capsnet: {source}: {model.config.n_classes} classes -> {n_classes}: re-initialised "
+                   f"{', '.join(renewed)}; every other weight loaded")  # fmt: skip
     return fresh.to(next(model.parameters()).device).eval()
 
 

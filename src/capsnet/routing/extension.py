@@ -43,6 +43,7 @@ from types import ModuleType
 import torch
 
 from ..fileio import atomic_write_json
+from ..logs import LOGGER
 from .backend import BACKENDS
 from .backend import resolve as resolve_backend
 
@@ -200,7 +201,7 @@ def build_extension(
             folder = extensions_root() / name
             compiles = not is_built(name)
             if notice and compiles:
-                print(build_notice(notice, prefix, folder), file=sys.stderr, flush=True)
+                LOGGER.warning(build_notice(notice, prefix, folder))
             start = time.perf_counter()
             try:
                 folder.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,7 @@ from torch import nn
 
 from ..config import to_dict
 from ..errors import ConfigError, DatasetError
+from ..logs import LOGGER
 from ..models.inputs import image_hw
 from ..models.memory import check_memory
 from ..models.pretrained import Pretrained
@@ -186,7 +187,7 @@ def fit(
                                "(its config's n_classes)")  # fmt: skip
         cfg.class_names = names  # what the model's predictions are called (capsnet predict prints them)
     if lr is None and not resume and progress:
-        print(f"lr {config.lr:g} ({cls.__name__}'s default for its size; set lr= to change)", flush=True)
+        LOGGER.info(f"lr {config.lr:g} ({cls.__name__}'s default for its size; set lr= to change)")
     task = LoaderTask(train_data, val=val_data, test=test_data, val_fraction=config.val_fraction,
                       val_seed=config.val_seed, workers=config.workers, recipe=recipe_of(model))  # fmt: skip
     return launch(config, lambda device, dist: _make_run(config, model, task, device, dist), on_step)

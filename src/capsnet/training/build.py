@@ -20,6 +20,7 @@ from torch import nn
 
 from ..config import to_dict
 from ..errors import ConfigError
+from ..logs import LOGGER
 from ..models.memory import check_memory
 from ..models.pretrained import Pretrained
 from ..models.registry import MODELS
@@ -105,7 +106,7 @@ def _build_model(opened: runfolder.OpenedRun, model_config: Any, device: torch.d
     if config.lr is None:  # the model's own for its size (CapsNet's and DeepCaps' fall with more votes per class)
         config = dataclasses.replace(config, lr=model_class.lr_for(model_config))
         if dist.is_main and saved is None:
-            print(f"lr {config.lr:g} ({config.model}'s default for its size; set --lr to change)", flush=True)
+            LOGGER.info(f"lr {config.lr:g} ({config.model}'s default for its size; set --lr to change)")
     assert config.batch_size is not None
     check_memory(model_config, config.batch_size, device)  # one line with the fixes, before allocating anything
     torch.manual_seed(config.seed)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..logs import LOGGER
 from .checkpoint import write_summary
 from .config import FitConfig, TrainConfig
 from .selection import SELECTED_ON
@@ -89,7 +90,7 @@ class RunLog:
             write_summary(run.dir, state.history)
         note = run.task.selection_note()
         if note:
-            print(note, file=sys.stderr, flush=True)
+            LOGGER.warning(note)
 
     def bar(self, epoch: int, total: int, done: int):
         if not (self.enabled and self.config.progress):
@@ -146,11 +147,10 @@ class RunLog:
         scored = f"  {split} loss {row[f'{split}_loss']:.4f} acc {row[f'{split}_acc']:.4f}" if split else ""
         if split and f"ema_{split}_acc" in row:  # --ema: its moving average's figures
             scored += f"  (ema loss {row[f'ema_{split}_loss']:.4f} acc {row[f'ema_{split}_acc']:.4f})"
-        print(
+        LOGGER.info(
             f"epoch {int(row['epoch'])}/{self.config.epochs}  train loss {row['train_loss']:.4f}  "
             f"train acc {row['train_acc']:.4f}{scored}  lr {row['lr']:.2e}  "
-            f"{row['images_per_s']:.0f} img/s  {row['seconds']:.1f}s",
-            flush=True,
+            f"{row['images_per_s']:.0f} img/s  {row['seconds']:.1f}s"
         )
         if self.writer is not None:
             held = tuple(k for k in (f"{split}_loss", f"{split}_acc", f"ema_{split}_loss", f"ema_{split}_acc")
@@ -165,7 +165,7 @@ class RunLog:
             return
         parts = [f"{name}/ (epoch {report[name]['epoch']}) {report[name]['accuracy']:.4f}"
                  for name in ("best", "last") if name in report]  # fmt: skip
-        print(f"test accuracy: {', '.join(parts)}; best/ chosen on {describe_selection(report)}", flush=True)
+        LOGGER.info(f"test accuracy: {', '.join(parts)}; best/ chosen on {describe_selection(report)}")
         if self.writer is not None:
             for name in ("best", "last"):
                 if name in report:
@@ -187,4 +187,4 @@ class RunLog:
             else:
                 where = (f"stopped in epoch {epoch + 1} at batch {batch}; the data is an iterable, so the checkpoint "
                          f"of epoch {epoch} is kept and a resumed run starts epoch {epoch + 1} again")  # fmt: skip
-            print(f"{why}: {where}", file=sys.stderr, flush=True)
+            LOGGER.warning(f"{why}: {where}")

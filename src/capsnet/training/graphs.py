@@ -21,13 +21,13 @@ the run trains eagerly after one line saying why.
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 
 import torch
 
 from ..data.batching import epoch_indices
+from ..logs import LOGGER
 from .classification import ClassificationTask
 from .tasks import Batch
 
@@ -67,7 +67,7 @@ def epoch_steps(run, epoch: int, start: int, step: StepFn) -> Iterator[tuple[tor
 
 def _say(run, why: str) -> None:
     if run.dist.is_main:
-        print(f"capsnet: --cuda-graphs: {why}; training eagerly", file=sys.stderr, flush=True)
+        LOGGER.warning(f"capsnet: --cuda-graphs: {why}; training eagerly")
 
 
 class StepGraph:

@@ -14,12 +14,13 @@ and newer), and CPUs with AVX512_BF16 or AMX. Elsewhere bf16 is emulated; on an 
 from __future__ import annotations
 
 import dataclasses
-import sys
+import logging
 from typing import Any
 
 import torch
 
 from ..errors import ConfigError
+from ..logs import LOGGER
 from ..models.registry import MODELS
 from .distributed import DistInfo
 
@@ -52,11 +53,9 @@ def rank_device(device: torch.device, dist: DistInfo) -> torch.device:
         return device
     local = torch.device("cuda", dist.local_rank)
     if device.index is not None and device.index != dist.local_rank and dist.is_main:
-        print(
+        LOGGER.warning(
             f"capsnet: --device {device} ignored under torchrun: rank r trains on cuda:LOCAL_RANK (rank 0 on "
-            f"{local}); choose the GPUs with CUDA_VISIBLE_DEVICES",
-            file=sys.stderr,
-            flush=True,
+            f"{local}); choose the GPUs with CUDA_VISIBLE_DEVICES"
         )
     return local
 
@@ -102,9 +101,9 @@ def precision_note(device: torch.device, precision: str) -> str | None:
 
 
 def device_settings(config: Any, device: torch.device, *, flag: str, batches: bool,
-                    notes: list[tuple[str, Any]]) -> Any:  # fmt: skip
+                    notes: list[tuple[str, int]]) -> Any:  # fmt: skip
     """`config` with its batch size resolved (the model's recipe, else the device's default) and what was chosen
-    for the user appended to `notes` as (line, stream): the batch size when the run `batches` at it, and a
+    for the user appended to `notes` as (line, logging level): the batch size when the run `batches` at it, and a
     precision the device emulates."""
     if config.batch_size is None:
         name = getattr(config, "model", None)  # (a FitConfig names no registry model)
@@ -114,8 +113,8 @@ def device_settings(config: Any, device: torch.device, *, flag: str, batches: bo
             option = "--batch-size" if flag.startswith("--") else "batch_size="
             whose = f"{name}'s recipe" if recipe else f"the {device.type} default"
             notes.append((f"batch size {config.batch_size} per process ({whose}; set {option} to change)",
-                          sys.stdout))  # fmt: skip
+                          logging.INFO))  # fmt: skip
     note = precision_note(device, config.precision)
     if note:
-        notes.append((note, sys.stderr))
+        notes.append((note, logging.WARNING))
     return config

@@ -18,7 +18,6 @@ small all-reduce), so a stop takes effect within STOP_CHECK_EVERY steps; a singl
 from __future__ import annotations
 
 import copy
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 
 from ..fileio import atomic_write_json
+from ..logs import LOGGER
 from ..models.pretrained import WEIGHTS_NAME
 from . import distributed as dist_utils
 from . import graphs
@@ -55,7 +55,7 @@ def run_loop(run: Run, on_step: Callable[[int], bool] | None) -> TrainResult:
     if resuming and dist.is_main:
         assert run.config.batch_size is not None
         n_batches = run.task.num_batches(batch_size=run.config.batch_size, world_size=dist.world_size)
-        print(resumed_line(state.epoch, state.batch_in_epoch, n_batches, run.config.epochs), flush=True)
+        LOGGER.info(resumed_line(state.epoch, state.batch_in_epoch, n_batches, run.config.epochs))
     if dist.is_main:
         write_record(run.dir, run.config, run.model_config, run.task)
     log = RunLog(run.dir, run.config, dist.is_main)
@@ -158,7 +158,7 @@ def close_epoch(run: Run, state: RunState) -> dict[str, float]:
     run.scheduler.step()  # the learning rate's decay per epoch
     line = epoch_stuck_line(row, n_classes=n_classes, flag="--lr" if isinstance(run.config, TrainConfig) else "lr=")
     if line is not None and run.dist.is_main:
-        print(line, file=sys.stderr, flush=True)
+        LOGGER.warning(line)
     spec = run.config.monitor if split is not None else "val_loss"  # (no held-out data: the training loss)
     assert spec is not None  # resolved by open_run()
     state.best = choose_best(state.best, candidates, spec=spec, split=split, epoch=state.epoch + 1, step=state.step)

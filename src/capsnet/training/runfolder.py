@@ -35,6 +35,7 @@ from filelock import FileLock, Timeout
 
 from ..config import from_dict, to_dict
 from ..errors import CheckpointError, ConfigError, RunFolderError
+from ..logs import LOGGER
 from ..models.inputs import DATA_FIELDS, image_hw
 from ..models.registry import MODELS
 from .checkpoint import STATE_NAME, load_state
@@ -84,14 +85,14 @@ def open_run(
     task from the settled config and `check_task(config, task)` checks it; `model_settings` are the model options
     a fresh run compares with a recorded run's. `flag` names the resume switch in messages ("--resume" or
     "resume=True"); `batches`: whether the run batches at `batch_size` (then a default batch size is announced)."""
-    notes: list[tuple[str, Any]] = []  # (what was chosen for the user, said once the data is known to fit)
+    notes: list[tuple[str, int]] = []  # (what was chosen for the user, said once the data is known to fit)
     config = resumed_settings(config, flag=flag)  # (capsnet.training.record)
     config = device_settings(config, device, flag=flag, batches=batches, notes=notes)  # (hardware)
     task = make_task(config)
     if check_task is not None:
         check_task(config, task)
-    for text, stream in notes if dist.is_main else ():
-        print(text, file=stream, flush=True)
+    for text, level in notes if dist.is_main else ():
+        LOGGER.log(level, text)
     claim(config, dist, flag=flag, model_settings=model_settings)
     saved = None
     try:
