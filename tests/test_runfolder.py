@@ -28,7 +28,7 @@ from capsnet.models.efficient_capsnet import EfficientCapsNet
 from capsnet.training.api import train
 from capsnet.training.checkpoint import load_state, read_summary
 from capsnet.training.config import TrainConfig
-from capsnet.training.record import RECORD_MARK, recorded_settings, resumed_configs
+from capsnet.training.record import RECORD_MARK, resumed_configs
 from capsnet.training.runfolder import LOCK_NAME, PID_NAME
 
 MODEL, QUIET = TINY_RUN_FLAGS, QUIET_FLAGS
@@ -293,7 +293,7 @@ def test_an_explicit_lr_end_beats_the_models_own_decay_and_both_flags_are_one_li
         capsnet.fit(model, _data(), out=tmp_path / "f", lr_decay=0.9, lr_end=0.5, **FIT)
 
 
-def test_a_resume_takes_the_schedule_given_and_reads_older_records_as_they_trained(tmp_path):
+def test_a_resume_takes_the_schedule_given(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     record = {"train": to_dict(TrainConfig(out=str(run), lr_decay=0.9, batch_size=8)), "model": to_dict(SMALL),
@@ -303,11 +303,3 @@ def test_a_resume_takes_the_schedule_given_and_reads_older_records_as_they_train
     assert (config.lr_decay, config.lr_end) == (None, 0.5)
     config, _ = resumed_configs(run, {})
     assert (config.lr_decay, config.lr_end) == (0.9, None)
-    # Records written before lr_end could be unset held lr_end 0.25 always: an Efficient-CapsNet run without
-    # lr_decay trained at the model's decay, and an lr_decay beat lr_end.
-    old = {"train": {"model": "efficient-capsnet", "lr_decay": None, "lr_end": 0.25, "epochs": 3}}
-    assert recorded_settings(old, TrainConfig)["lr_end"] is None
-    assert TrainConfig(**recorded_settings(old, TrainConfig)).decay_per_epoch == 0.97
-    assert recorded_settings({"train": {"lr_decay": 0.8, "lr_end": 0.25}}, TrainConfig)["lr_end"] is None
-    new = {**old, RECORD_MARK: capsnet.__version__}  # (today's record: an lr_end in it was given)
-    assert TrainConfig(**recorded_settings(new, TrainConfig)).decay_per_epoch == pytest.approx(0.5)

@@ -63,14 +63,13 @@ def checkpoint_card(path: Path) -> tuple[Path, dict[str, Any] | None]:
     from ..models.hub import read_card
     from ..tools.ship import ship_card
     from ..training.checkpoint import resolve_checkpoint
-    from ..training.config import upgrade_train_dict
 
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a folder (give a finished training run or a save_pretrained folder)")
     record = _run_record(path)
     if record is not None:
         card = ship_card(path)  # (CheckpointError for a run that did not finish or did not validate)
-        return path / "best", {**card, "seeds": [int(upgrade_train_dict(record["train"]).get("seed", 0))]}
+        return path / "best", {**card, "seeds": [int(record["train"].get("seed", 0))]}
     folder = resolve_checkpoint(path)
     shipped = read_card(folder)
     return folder, None if shipped is None else {**shipped, "seeds": [_command_seed(str(shipped["command"]))]}

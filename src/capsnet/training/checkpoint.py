@@ -44,6 +44,7 @@ from ..models.registry import MODELS
 from . import distributed as dist_utils
 
 STATE_NAME = "state.pt"
+STATE_FORMAT = 1  # state.pt's format_version (a state without one is format 1): the next change keys its reading on it
 SUMMARY_NAME = "summary.csv"
 TEST_NAME = "test.json"
 COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr",
@@ -102,6 +103,10 @@ def load_state(run_dir: Path, map_location: str | torch.device = "cpu") -> dict[
         raise CheckpointError(f"{path}: cannot be loaded ({type(e).__name__}: {first})") from None
     if not isinstance(state, dict) or "model" not in state or "epoch" not in state:
         raise CheckpointError(f"{path}: not a capsnet training state")
+    version = state.get("format_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version > STATE_FORMAT:
+        raise CheckpointError(f"{path}: format_version {version!r}, written by a newer capsnet (this one reads "
+                              f"{STATE_FORMAT}); upgrade capsnet")  # fmt: skip
     missing = [key for key in STATE_REQUIRED if key not in state]
     if missing:
         raise CheckpointError(f"{path}: not a resumable capsnet training state (no {', '.join(missing)})")
@@ -119,8 +124,9 @@ STATE_TYPES: dict[str, type | tuple[type, ...]] = {
     "epoch": int, "batch_in_epoch": int, "step": int, "best": (dict, type(None)), "history": list,
     "running": list, "rng": dict,
 }  # fmt: skip
-# The entries every state.pt has had (capsnet 0.1.0's too), which a resume cannot do without.
-STATE_REQUIRED = ("model", "optimizer", "scheduler", "epoch", "batch_in_epoch", "step", "history", "running", "rng")
+# The entries a resume cannot do without.
+STATE_REQUIRED = ("model", "optimizer", "scheduler", "epoch", "batch_in_epoch", "step", "best", "history", "running",
+                  "rng")  # fmt: skip
 
 
 def get_rng_states(device: torch.device, augment_rng: torch.Generator, dist) -> dict[str, Any]:
@@ -314,6 +320,7 @@ def save_checkpoint(run: Any, state: Any, *, epoch_done: bool) -> None:
     if not run.dist.is_main:
         return
     saved = {
+        "format_version": STATE_FORMAT,
         "model": run.model.state_dict(),
         "model_type": model_name(run.model),
         "model_config": to_dict(run.model_config) if run.model_config is not None else None,

@@ -17,7 +17,6 @@ from ..errors import DatasetError
 from ..models.hub import is_ref, read_card, resolve_ref
 from ..models.inputs import image_hw
 from .checkpoint import checkpoint_info
-from .config import upgrade_train_dict
 from .evaluator import input_config
 from .selection import SELECTED_ON
 
@@ -152,7 +151,6 @@ def recorded_data(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
     for run in runs:
         train = _run_train_config(run / "config.json")
         if train is not None:
-            train = upgrade_train_dict(train)  # a run made before validation splits named test_fraction otherwise
             return {k: train.get(k) for k in ("dataset", "data_dir", "test_fraction", "test_subset")}
     card = read_card(path) if path.is_dir() else None
     if card is not None:

@@ -11,7 +11,7 @@ from ..configs.base import (
     parse_size,
 )
 from ..errors import ConfigError, DatasetError
-from .selection import DEFAULT_MONITOR, LEGACY_MONITOR, Monitor, check_decay
+from .selection import DEFAULT_MONITOR, Monitor, check_decay
 
 LR_END = 0.25  # the last epoch's share of the learning rate when neither a decay nor lr_end is given
 
@@ -56,7 +56,7 @@ class LoopConfig:
         default=None,
         metadata={"help": f"what chooses best/ on the validation split: val_loss, val_accuracy, or a comma list "
                   f"compared in order (val_accuracy,val_loss: the loss breaks accuracy's ties); unset: "
-                  f"{DEFAULT_MONITOR} (a run recorded without it: {LEGACY_MONITOR})"},
+                  f"{DEFAULT_MONITOR}"},
     )  # fmt: skip
     ema: float | None = field(
         default=None,
@@ -256,17 +256,3 @@ class TrainResult:
     def best_test_acc(self) -> float | None:
         """The test accuracy of best/ (the validation-chosen checkpoint), once the run has finished."""
         return self.test.get("best", self.test["last"])["accuracy"] if self.test else None
-
-
-def upgrade_monitor(data: dict[str, Any]) -> dict[str, Any]:
-    """A run recorded before `monitor` existed chose best/ on validation accuracy, and keeps doing so."""
-    return data if "monitor" in data else {**data, "monitor": LEGACY_MONITOR}
-
-
-def upgrade_train_dict(data: dict[str, Any]) -> dict[str, Any]:
-    """A run's recorded "train" config as today's TrainConfig keys. Runs made before validation splits recorded
-    `val_fraction` as the share of a single image folder held out for *testing* (today's `test_fraction`), and
-    chose best/ on the test set (today's `val_fraction=0`)."""
-    if "val_fraction" in data and "test_fraction" not in data:
-        data = {**data, "test_fraction": data["val_fraction"], "val_fraction": 0.0}
-    return data

@@ -11,8 +11,8 @@ model's config, "task": ..., ...}. Resuming (`capsnet train --out RUN --resume`,
 - anything else (data set, subsets, augmentation, validation split, batch size, learning rate, seed, model and its
   options) given with another value is a ConfigError naming the setting and both values.
 
-Runs recorded before a setting existed lack its key: the setting then takes today's value, unchecked
-(`capsnet.training.config.upgrade_train_dict` maps older meanings of a key to today's).
+The record carries `format_version` (RECORD_FORMAT) from now on; a record without one is this format's first
+version (runs written before it was added resume as they are). A record of a later format is refused in one line.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from ..errors import CheckpointError, ConfigError, RunFolderError
 from ..fileio import atomic_write_json
 from ..models.registry import MODELS
 from .checkpoint import STATE_NAME
-from .config import FitConfig, TrainConfig, upgrade_monitor, upgrade_train_dict
-from .selection import DEFAULT_MONITOR, LEGACY_MONITOR
+from .config import FitConfig, TrainConfig
+from .selection import DEFAULT_MONITOR
 
 # What a resumed run may change. lr_decay and lr_end reshape the schedule from the resumed epoch on, as epochs does.
 MAY_CHANGE = ("epochs", "lr_decay", "lr_end", "eval_batch_size", "device", "precision", "channels_last", "compile",
@@ -37,7 +37,8 @@ MAY_CHANGE = ("epochs", "lr_decay", "lr_end", "eval_batch_size", "device", "prec
               "overwrite", "resume")  # fmt: skip
 FROM_STATE = ("val_fraction", "val_seed")  # a TrainConfig's split is the one its record says (resumed_settings)
 SCHEDULE = ("lr_decay", "lr_end")  # one setting, given either way: one given now replaces the run's other
-RECORD_MARK = "capsnet_version"  # a key of every record written since lr_end may be unset (upgrade_schedule)
+RECORD_MARK = "capsnet_version"  # the capsnet that wrote the record
+RECORD_FORMAT = 1  # config.json's format_version: the next change of its meaning keys its reading on it
 FIT_TASK = "loader"  # the task name of a run made by capsnet.fit
 FIT_RUN = "a run made by capsnet.fit (its data came from Python); resume it with capsnet.fit(..., resume=True)"
 
@@ -48,7 +49,8 @@ def write_record(run_dir: Path, config: Any, model_config: Any, task: Any) -> No
     resolved to)}."""
     run_dir.mkdir(parents=True, exist_ok=True)
     model = to_dict(model_config) if model_config is not None else None
-    meta = {"train": to_dict(config), "model": model, "task": task.name, RECORD_MARK: __version__,
+    meta = {"format_version": RECORD_FORMAT, "train": to_dict(config), "model": model, "task": task.name,
+            RECORD_MARK: __version__,
             **getattr(task, "recorded", {})}  # fmt: skip
     atomic_write_json(run_dir / "config.json", meta)
 
@@ -64,27 +66,17 @@ def read_record(run_dir: str | Path) -> dict[str, Any] | None:
         raise CheckpointError(f"{path}: cannot be read ({e})") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("train"), dict):
         raise CheckpointError(f"{path}: not the config.json of a training run (no 'train' settings)")
+    version = meta.get("format_version", 1)
+    if not isinstance(version, int) or version > RECORD_FORMAT:
+        raise CheckpointError(f"{path}: format_version {version!r}, written by a newer capsnet (this one reads "
+                              f"{RECORD_FORMAT}); upgrade capsnet")  # fmt: skip
     return meta
 
 
 def recorded_settings(meta: dict[str, Any], config_class: type) -> dict[str, Any]:
     """The record's "train" settings that `config_class` has (in today's meaning of each key)."""
     names = {f.name for f in dataclasses.fields(config_class)}
-    train = upgrade_schedule(dict(meta["train"]), legacy=RECORD_MARK not in meta)
-    train = upgrade_train_dict(train) if config_class is TrainConfig else train
-    train = upgrade_monitor(train)  # (best/ as such a run chose it)
-    return {k: v for k, v in train.items() if k in names}
-
-
-def upgrade_schedule(train: dict[str, Any], *, legacy: bool) -> dict[str, Any]:
-    """The recorded learning-rate schedule as today's settings: lr_decay or lr_end, not both. Where a record has
-    both, lr_decay was the one in effect. A `legacy` record (written before lr_end could be unset) of a model with
-    its own default_lr_decay, without lr_decay, trained at that decay whatever its lr_end said."""
-    if train.get("lr_decay") is not None:
-        return {**train, "lr_end": None}
-    model = train.get("model")
-    own = getattr(MODELS[model], "default_lr_decay", None) if isinstance(model, str) and model in MODELS else None
-    return {**train, "lr_end": None} if legacy and own is not None else train
+    return {k: v for k, v in meta["train"].items() if k in names}
 
 
 def without_other_schedule(recorded: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
@@ -236,8 +228,7 @@ __all__ = ["MAY_CHANGE", "check_recorded", "fill_unset", "read_record", "resumed
 
 def resumed_settings(config: Any, *, flag: str) -> Any:
     """The settings to train with, as far as the record decides them: resuming, the run's own for each unset (None)
-    field, checked against its record, with the validation split it recorded; a monitor unset is the default (a
-    resumed run recorded without one: LEGACY_MONITOR, as runs before monitors chose best/)."""
+    field, checked against its record, with the validation split it recorded; a monitor unset is the default."""
     run_dir = Path(config.out)
     if config.resume:
         if not (run_dir / STATE_NAME).is_file():
@@ -247,7 +238,7 @@ def resumed_settings(config: Any, *, flag: str) -> Any:
         if isinstance(config, TrainConfig):
             config = resumed_validation(config, read_record(run_dir))
     if config.monitor is None:
-        config = dataclasses.replace(config, monitor=LEGACY_MONITOR if config.resume else DEFAULT_MONITOR)
+        config = dataclasses.replace(config, monitor=DEFAULT_MONITOR)
     return config
 
 

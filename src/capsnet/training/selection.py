@@ -23,7 +23,6 @@ from ..errors import ConfigError
 QUANTITIES = {"val_accuracy": "accuracy", "val_loss": "loss"}  # a monitor's name -> the evaluation's key
 HIGHER_IS_BETTER = {"accuracy": True, "loss": False}
 DEFAULT_MONITOR = "val_loss"  # chosen by the screens of docs/results.md ("Choosing best/")
-LEGACY_MONITOR = "val_accuracy"  # what a run recorded before `monitor` existed chose best/ on
 SELECTED_ON = {"val_acc": "validation accuracy", "val_loss": "validation loss", "test_acc": "test accuracy",
                "test_loss": "test loss", "train_loss": "the training loss"}  # a best/'s metric, in words  # fmt: skip
 

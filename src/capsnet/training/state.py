@@ -107,7 +107,7 @@ def restore(run: Run) -> RunState:
         if "ema" not in saved:  # (--ema is a setting of the run: it may not change on resume)
             raise CheckpointError(f"{run.dir / STATE_NAME}: holds no moving average of the weights for --ema")
         run.ema.load_state_dict(saved["ema"])
-    best = saved.get("best") or _best_of_old_state(saved)
+    best = saved["best"]
     restore_views(run.dir, {**saved, "best": best}, run.model, is_main=run.dist.is_main,
                   best_model=best_model_of(run, best))  # fmt: skip
     state = RunState(
@@ -131,10 +131,3 @@ def check_processes(saved: dict[str, Any], *, world_size: int, where: Path) -> N
             f"{where}: stopped in the middle of epoch {saved['epoch'] + 1} under {ranks} process(es); resume it "
             f"with {ranks} (torchrun --nproc-per-node {ranks}), not {world_size}"
         )
-
-
-def _best_of_old_state(saved: dict) -> dict[str, Any]:
-    """best/ of a state.pt written before validation splits: the epoch of the highest test accuracy."""
-    rows = [r for r in saved["history"] if r.get("test_acc", -1.0) == saved.get("best_test_acc")]
-    epoch = int(rows[0]["epoch"]) if rows else None
-    return {"epoch": epoch, "step": None, "metric": "test_acc", "value": saved.get("best_test_acc", -1.0)}
