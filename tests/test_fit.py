@@ -312,6 +312,15 @@ def test_fit_keeps_what_the_model_records_of_digits_unless_told(tmp_path, digits
     assert json.loads((tmp_path / "run" / "best" / "config.json").read_text())["config"]["digits"] is want
 
 
+def test_fit_without_progress_shows_warnings_only(tmp_path, capsys):
+    # the run's lines go through the capsnet logger: progress=False keeps its information lines quiet
+    capsnet.fit(Tiny(), Stripes(16), epochs=1, out=tmp_path / "quiet", batch_size=8, **QUIET)
+    assert capsys.readouterr().out == ""
+    capsnet.fit(Tiny(), Stripes(16), epochs=1, out=tmp_path / "shown", batch_size=8, **{**QUIET, "progress": True})
+    out = capsys.readouterr().out
+    assert "epoch 1/1  train loss" in out and "batch size 8" not in out  # (a given batch size is not announced)
+
+
 def _capsnet_1x28():
     return capsnet.create_model("capsnet", conv_channels=8, primary_types=2, primary_dim=4, class_dim=4,
                                 decoder_hidden=(16, 16))  # fmt: skip

@@ -8,15 +8,18 @@ The "capsnet" logger gets one handler when this module is first imported (unless
 stdout and WARNING and above to stderr, the streams looked up at each line (so `contextlib.redirect_stdout` and
 pytest's capture see them), without a prefix. It does not propagate to the root logger. A library user silences or
 redirects the lines the usual way: `logging.getLogger("capsnet").setLevel(logging.WARNING)`, or replace its
-handlers (and set `propagate = True` to let the application's own logging configuration take them).
+handlers (and set `propagate = True` to let the application's own logging configuration take them);
+`capsnet.fit(..., progress=False)` shows warnings only (`warnings_only`).
 
 May import: nothing in capsnet (a foundation module).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 
 NAME = "capsnet"
 
@@ -43,3 +46,16 @@ def _install() -> logging.Logger:
 
 
 LOGGER = _install()
+
+
+@contextlib.contextmanager
+def warnings_only(quiet: bool = True) -> Iterator[None]:
+    """While the block runs, with `quiet`, the "capsnet" logger shows warnings only (`capsnet.fit(...,
+    progress=False)`: no information lines); its level is restored after."""
+    level = LOGGER.level
+    if quiet:
+        LOGGER.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        LOGGER.setLevel(level)

@@ -34,7 +34,7 @@ from torch import nn
 
 from ..config import to_dict
 from ..errors import ConfigError, DatasetError
-from ..logs import LOGGER
+from ..logs import LOGGER, warnings_only
 from ..models.inputs import image_hw
 from ..models.memory import check_memory
 from ..models.pretrained import Pretrained
@@ -142,7 +142,8 @@ def fit(
     else to lr × 0.25. Giving both is a ConfigError. `monitor` chooses best/ (capsnet.training.selection: "val_loss",
     the default, "val_accuracy", or "val_accuracy,val_loss"); `ema` (a decay, e.g. 0.999) keeps a moving average of
     the weights, scored beside them each epoch, and best/ may hold it (capsnet.training.ema). `on_step(step)`
-    returning True stops with a checkpoint, as SIGINT and SIGTERM do.
+    returning True stops with a checkpoint, as SIGINT and SIGTERM do. `progress=False`: no progress bar and no
+    information lines (the `capsnet` logger shows warnings only while it runs).
 
     Every batch reaches the model through its input recipe (capsnet.models.recipe): raw uint8 pixels or floats in
     [0, 1] become what it records (÷ 255 for a fresh model; a pretrained one's own scaling). `digits` records
@@ -190,7 +191,8 @@ def fit(
         LOGGER.info(f"lr {config.lr:g} ({cls.__name__}'s default for its size; set lr= to change)")
     task = LoaderTask(train_data, val=val_data, test=test_data, val_fraction=config.val_fraction,
                       val_seed=config.val_seed, workers=config.workers, recipe=recipe_of(model))  # fmt: skip
-    return launch(config, lambda device, dist: _make_run(config, model, task, device, dist), on_step)
+    with warnings_only(not progress):  # progress=False: no bar and no information lines, warnings still
+        return launch(config, lambda device, dist: _make_run(config, model, task, device, dist), on_step)
 
 
 def default_lr(model: nn.Module) -> float:

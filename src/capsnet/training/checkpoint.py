@@ -1,4 +1,4 @@
-"""The training run folder, written atomically so that a kill at any moment leaves the previous checkpoint intact.
+"""The run folder's files and the checkpoint set that writes them, atomically: a kill never breaks the last one.
 
     RUN_DIR/config.json    {"train": TrainConfig, "model": CapsNetConfig}
     RUN_DIR/summary.csv    one row per epoch (COLUMNS)

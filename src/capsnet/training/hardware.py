@@ -1,4 +1,4 @@
-"""What the training device can do: which device to use, its default batch, and whether bf16 runs natively on it.
+"""What the training device can do and decides: which device, its default batch, whether bf16 runs natively.
 
 Default batch per process (`TrainConfig.batch_size` unset), with the model's own learning rate (CapsNet: Adam 1e-3,
 the paper's TensorFlow recipe at batch 128):
