@@ -88,7 +88,7 @@ import json, sys, torch
 from capsnet import load_pretrained
 from capsnet.data import Split, load_dataset
 from capsnet.training import distributed
-from capsnet.training.evaluate import evaluate
+from capsnet.training.evaluator import evaluate
 
 info = distributed.setup(torch.device("cpu"))
 test = load_dataset("mnist-sample").test

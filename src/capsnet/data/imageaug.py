@@ -5,7 +5,7 @@ generator's device, then moved to the images'), so a seeded generator gives the 
 strength each is the identity. `AugmentSpec` combines them in the order of the official CapsNet code's
 CIFAR-10 input pipeline (github.com/Sarasra/models, research/capsules/input_data/cifar10): random crop, flip,
 brightness, contrast; then (in the model: `standardize`) per-image standardization. At test time the images are
-centre-cropped to the crop size (`center_crop`, applied by `capsnet.training.evaluate.evaluate`).
+centre-cropped to the crop size (`center_crop`, applied by the model's input recipe, capsnet.models.recipe).
 """
 
 from __future__ import annotations

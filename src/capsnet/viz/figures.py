@@ -219,7 +219,7 @@ def _trained_on(run_dir: Path) -> str | None:
 
 def confusion_matrix(model, split: Split, *, batch_size: int = 100, limit: int | None = None) -> torch.Tensor:
     """Counts [n_classes, n_classes] (rows: true labels, columns: predictions) over the first `limit` examples
-    of `split` (all by default), as `capsnet.training.evaluate` counts them."""
+    of `split` (all by default), as `capsnet.training.evaluator` counts them."""
     n = len(split) if limit is None else max(0, min(limit, len(split)))
     if n == 0:
         raise DatasetError("the split holds no images")
