@@ -52,6 +52,8 @@ def test_predict_the_command_line_the_onnx_graph_and_an_ensemble_agree(name, tmp
     assert [r["class"] for r in rows] == p.classes.tolist() and [r["image"] for r in rows] == paths
     close(torch.tensor([r["lengths"] for r in rows]), p.lengths)
     close(capsnet.predict(model, paths).lengths, p.lengths)  # the files from Python: the same conversion
+    Image = pytest.importorskip("PIL.Image")
+    close(capsnet.predict(model, [Image.open(path) for path in paths]).lengths, p.lengths)  # PIL images: the same
     # the exported graph takes the same uint8 pixels
     onnxruntime = pytest.importorskip("onnxruntime")
     capsnet.export_model(model, tmp_path / "model.onnx", check=False)

@@ -61,7 +61,7 @@ def image_hw(path: str | Path) -> tuple[int, int]:
 
 def load_image(path: str | Path, *, size: int = 28, channels: int = 1) -> torch.Tensor:
     """Read a picture of a digit into the model's input [C, size, size] in [0, 1], MNIST-style: LeCun et al.'s
-    procedure (:func:`capsnet.data.mnist_form.mnist_form`): the paper and its uneven light removed, the ink kept,
+    procedure (`capsnet.data.mnist_form.mnist_form`): the paper and its uneven light removed, the ink kept,
     cropped to it, fitted in a 20/28 box keeping its aspect and centred by its centre of mass, white on black
     (three channels: the same grey in each). Its pixels are rounded to 0..255, as an image file's are."""
     digit = mnist_form(_open_image(path, 1), size=size)  # [size, size] in [0, 1]
