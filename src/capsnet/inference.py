@@ -198,7 +198,7 @@ def evaluate_checkpoint(
     device: str = "cpu",
 ) -> dict:
     """Load a run folder or save_pretrained folder and evaluate it on a data set split. Several checkpoints are
-    evaluated as one `capsnet.training.ensemble.Ensemble` (their capsule lengths averaged).
+    evaluated as one `Ensemble` (their capsule lengths averaged).
 
     The data set defaults to the one the checkpoint records (`recorded_data`); `dataset` / `data_dir` choose
     another. Image folders are converted as for training: to the size the model recorded (before its crops) and
