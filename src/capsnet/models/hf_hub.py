@@ -125,7 +125,7 @@ def fetch_hf(text: str) -> tuple[Path, dict[str, Any]]:
         raise DownloadError(f"{ref}: its files did not land in one snapshot folder of the cache", url=str(ref))
     pinned = ref.revision is not None and COMMIT.fullmatch(ref.revision) is not None
     if not pinned:
-        log.info("%s: commit %s", ref, commit)
+        log.debug("%s: commit %s", ref, commit)  # (the provenance is in the model's .provenance)
     provenance = {
         "source": str(ref),
         "repo": ref.repo_id,
