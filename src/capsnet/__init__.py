@@ -1,6 +1,9 @@
 """capsnet: capsule networks for PyTorch: eight models and five routing algorithms, each checked against its
 authors' code (docs/fidelity.md).
 
+From raw images: `capsnet.preprocess(model, images)` is what `model(x)` takes, `capsnet.predict(model, images)`
+classifies them and `capsnet.evaluate(model, data)` scores a data set (capsnet.inference, docs/inputs.md).
+
 The names below load on first use (PEP 562), so `import capsnet` and the command line's parser stay light:
 `capsnet.CapsNet` imports torch and the models the first time it is read.
 """
