@@ -42,7 +42,7 @@ NO_BAD_VALUE = {
     "message": "any text is a commit message",
 }
 # Counts for which 0 is a valid value (only the negative ones are bad).
-ZERO_OK = {"shift"}
+ZERO_OK = {"shift", "conv_padding"}
 # dest -> kind, for the options whose type does not say what they hold.
 KINDS = {
     "checkpoint": "checkpoint",
@@ -212,10 +212,11 @@ def files(tmp_path_factory) -> dict[str, Path]:
     from keras_reference import random_weights, write_h5
 
     write_h5(tmp / "keras.h5", random_weights("mnist"), "mnist")  # the Efficient-CapsNet authors' layout
-    from test_converters import apple_state, gram_state, xifengguo_state
+    from test_converters import apple_state, gram_state, heinsen_state, xifengguo_state
 
     for fmt, state in (("xifengguo-capsnet", xifengguo_state()), ("gram-ai-capsnet", gram_state()),
-                       ("inverted-attention", {"net": apple_state()})):  # fmt: skip
+                       ("inverted-attention", {"net": apple_state()}),
+                       ("heinsen-capsnet", heinsen_state())):  # fmt: skip
         torch.save(state, tmp / f"{fmt}.pt")  # each PyTorch format's own layout
     # Runs to resume: one with a corrupt state.pt, one of another model (a baseline run resumed as capsnet).
     run = tmp / "baseline-run"

@@ -21,9 +21,11 @@ from capsnet.models.registry import MODELS
 FLOOR = {
     "baseline": 0.0,
     "capsnet": 0.0,
+    "cluster-capsnet": 0.0,
     "deepcaps": 0.0,
     "efficient-capsnet": 0.0,
     "em-capsnet": 0.0,
+    "heinsen-capsnet": 0.0,
     "hvc-capsnet": 0.0,
     "inverted-attention-capsnet": 0.0,
     "self-routing-capsnet": 0.0,
