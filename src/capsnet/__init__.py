@@ -1,5 +1,5 @@
-"""capsnet: capsule networks for PyTorch: eight models and five routing algorithms, each checked against its
-authors' code (docs/fidelity.md).
+"""capsnet: capsule networks for PyTorch: the papers' models and routing algorithms, each checked against its
+authors' code (docs/fidelity.md; `capsnet models` lists them).
 
 From raw images: `capsnet.preprocess(model, images)` is what `model(x)` takes, `capsnet.predict(model, images)`
 classifies them and `capsnet.evaluate(model, data)` scores a data set (capsnet.inference, docs/inputs.md).

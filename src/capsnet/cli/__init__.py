@@ -105,7 +105,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     the others are one line each in `capsnet --help`. Without, every subcommand is built."""
     parser = _Parser(
         prog="capsnet",
-        description="Capsule networks for PyTorch: eight models, five routing algorithms, each checked against its "
+        description="Capsule networks for PyTorch: the papers' models and routing algorithms, each checked against its "
         "authors' code.",
     )
     parser.add_argument("--version", action="version", version=f"capsnet {__version__}")
