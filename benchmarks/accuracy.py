@@ -20,7 +20,8 @@ import time
 
 import torch
 
-from capsnet.training.loop import TrainConfig, train
+from capsnet.training.api import train
+from capsnet.training.config import TrainConfig
 
 TARGETS = {3: 0.985, 10: 0.990}  # run length in epochs -> test accuracy on the bundled 2,000 test digits
 

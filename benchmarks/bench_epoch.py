@@ -39,7 +39,8 @@ from capsnet import CapsNet
 from capsnet.data import load_dataset
 from capsnet.data.augment import random_shift
 from capsnet.errors import CapsNetError
-from capsnet.training.loop import TrainConfig, train
+from capsnet.training.api import train
+from capsnet.training.config import TrainConfig
 
 
 def labml_epoch(batch_size: int, device: torch.device, seed: int, dataset: str) -> float:

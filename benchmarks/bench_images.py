@@ -12,7 +12,7 @@ Variants: "capsnet" (Router's fast path: the GEMM formulation, or the fused CPU 
 "labml" (the same model with `router.fast = False`: the votes û [B, in, out, out_d] are materialized and routed
 with einsums, as in labml's annotated implementation). Both start from the same weights; their first losses are
 compared. Peak memory: CUDA max_memory_allocated; CPU the peak RSS growth of a step in a subprocess per variant.
-The estimate of :func:`capsnet.training.memory.capsnet_bytes` for the step (less its parameter and Adam share,
+The estimate of :func:`capsnet.models.memory.capsnet_bytes` for the step (less its parameter and Adam share,
 which the measured peaks exclude) is printed next to it.
 """
 
@@ -33,8 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_routing import _status_kib, reset_peak_rss, sync
 
 from capsnet import CapsNet, CapsNetConfig
-from capsnet.training.loop import make_adam
-from capsnet.training.memory import capsnet_bytes
+from capsnet.models.memory import capsnet_bytes
+from capsnet.training.build import make_adam
 
 SETUPS = {
     "cifar10": (

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_routing import _status_kib, labml_squash, reset_peak_rss, sync
 
 from capsnet import CapsNet
-from capsnet.training.loop import make_adam
+from capsnet.training.build import make_adam
 
 
 # --- the model in labml's formulation ---------------------------------------------------------------

@@ -11,7 +11,7 @@ OUT/pytest.log:
    forward/backward on CUDA against CPU float64 references, bf16 autocast, torch.compile, save/load across
    devices, no host sync in the training step, the CUDA-graph step and the Triton routing kernels against eager),
    with the counts of passed/failed/skipped;
-   (--profile) torch.profiler over a few training steps at each batch, fp32 and bf16 (capsnet.training.profiling):
+   (--profile) torch.profiler over a few training steps at each batch, fp32 and bf16 (capsnet.tools.profiling):
    kernel time per phase (conv, routing, decoder, loss, optimizer, data; forward and backward), the top kernels,
    launches per step, the host's time between launches and the GPU's idle share;
 2. epochs: one 60,000-image epoch (Fashion-MNIST's training set if it is on this machine, else generated 28×28
@@ -54,10 +54,11 @@ from bench_epoch import labml_epoch  # noqa: E402
 from capsnet import CapsNetConfig  # noqa: E402
 from capsnet.data import load_dataset  # noqa: E402
 from capsnet.errors import CapsNetError  # noqa: E402
+from capsnet.tools.profiling import markdown as profile_markdown  # noqa: E402
+from capsnet.tools.profiling import profile_training  # noqa: E402
+from capsnet.training.api import train  # noqa: E402
+from capsnet.training.config import TrainConfig  # noqa: E402
 from capsnet.training.hardware import bf16_native  # noqa: E402
-from capsnet.training.loop import TrainConfig, train  # noqa: E402
-from capsnet.training.profiling import markdown as profile_markdown  # noqa: E402
-from capsnet.training.profiling import profile_training  # noqa: E402
 
 SMOKE_MODEL = CapsNetConfig(conv_channels=16, primary_types=4, primary_dim=4, class_dim=6, decoder_hidden=(32, 64))
 # The epoch table's variants, most telling first (a time budget cut drops the last ones).
@@ -205,7 +206,7 @@ def timed_row(run: str, dataset: str, batch: int, device: torch.device, n: int, 
 
 def run_profile(device: torch.device, batches: list[int], variants: list[str], smoke: bool, dataset: str,
                 model_config) -> list[dict]:  # fmt: skip
-    """capsnet.training.profiling.profile_training at each batch and variant (a few steps after a warm-up)."""
+    """capsnet.tools.profiling.profile_training at each batch and variant (a few steps after a warm-up)."""
     reports = []
     for variant in variants:
         fields, triton = variant_options(variant)

@@ -27,8 +27,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 from capsnet.data import load_dataset
-from capsnet.data.split import to_float
 from capsnet.errors import CapsNetError
+from capsnet.inference import preprocess
 from capsnet.models.pretrained import load_pretrained
 from capsnet.routing.dynamic import route_votes
 from capsnet.training.checkpoint import resolve_checkpoint
@@ -79,7 +79,7 @@ def main() -> int:
     images, labels = split.images[: args.limit], split.labels[: args.limit]
     own_r = router.iterations
     batches = [
-        (to_float(images[i : i + args.batch_size]), labels[i : i + args.batch_size])
+        (preprocess(model, images[i : i + args.batch_size]), labels[i : i + args.batch_size])
         for i in range(0, len(labels), args.batch_size)
     ]
 

@@ -9,7 +9,7 @@ the state.pt of every epoch (each epoch's raw weights, and with `--ema` its aver
 checkpoint is then scored on the test split into `OUT/seedK/screen.json`, next to the run's validation history.
 
 `report` applies each selection rule to the validation history only (the library's own rule,
-capsnet.training.monitor) and prints, per rule, the chosen epoch and the test accuracy of that checkpoint:
+capsnet.training.selection) and prints, per rule, the chosen epoch and the test accuracy of that checkpoint:
 each seed's and their mean ± std. The test figures of the checkpoints no rule chose are never reported.
 """
 
@@ -28,9 +28,10 @@ import torch
 
 from capsnet.models.pretrained import load_pretrained
 from capsnet.training import distributed as dist_utils
-from capsnet.training.loop import TrainConfig, train
-from capsnet.training.monitor import Monitor
-from capsnet.training.tasks import ClassificationTask
+from capsnet.training.api import train
+from capsnet.training.classification import ClassificationTask
+from capsnet.training.config import TrainConfig
+from capsnet.training.selection import Monitor
 
 RULES = ("val_accuracy", "val_loss", "val_accuracy,val_loss")
 

@@ -22,8 +22,8 @@ from capsnet.data.synthetic import CASES, SUITE_EPOCHS, write_case
 from capsnet.experiments.zoo import cpu_name, git_commit
 from capsnet.models.registry import MODELS
 from capsnet.results import Row, with_accuracies, write_rows
+from capsnet.training.api import train
 from capsnet.training.config import TrainConfig
-from capsnet.training.loop import train
 
 
 def case_folder(case: str, work: Path) -> Path:

@@ -5,8 +5,9 @@ from capsnet import load_pretrained
 from capsnet.data import Split, load_dataset
 from capsnet.errors import ConfigError
 from capsnet.models.baseline import BaselineCNN, BaselineConfig, count_parameters
-from capsnet.training.evaluate import evaluate
-from capsnet.training.loop import TrainConfig, train
+from capsnet.training.api import train
+from capsnet.training.config import TrainConfig
+from capsnet.training.evaluator import evaluate
 
 TINY = dict(channels=(8, 8, 4), hidden=(32, 16))
 

@@ -428,7 +428,7 @@ def test_the_safe_command_lines_are_accepted(context, files, tmp_path, capsys, n
 def test_os_errors_and_running_out_of_gpu_memory_are_one_line(monkeypatch, capsys, files):
     """What no file set-up here can provoke as root: a permission error deep inside a command, and CUDA's
     out-of-memory error."""
-    from capsnet.training import evaluate as evaluate_module
+    from capsnet import inference as evaluate_module
 
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied", "/data/locked/images.npy")

@@ -15,8 +15,8 @@ import torch
 from capsnet import cli
 from capsnet.data import Dataset, Split, iterate_batches, load_dataset, num_batches, read_idx
 from capsnet.data.batching import shard_indices
-from capsnet.data.split import to_float
 from capsnet.errors import DatasetError
+from capsnet.pixels import to_float
 
 SAMPLE = Path(__file__).resolve().parents[1] / "src" / "capsnet" / "data_files" / "mnist-sample"
 NAMES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")

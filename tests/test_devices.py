@@ -206,7 +206,10 @@ def test_compiled_training_step_equals_eager(device):
 @pytest.mark.cuda
 def test_cuda_training_step_never_syncs(tmp_path):
     """On CUDA, torch.cuda.set_sync_debug_mode("error") turns any host sync in the step into an error."""
-    from capsnet.training.loop import EpochSums, TrainConfig, build, train_step
+    from capsnet.training.build import build
+    from capsnet.training.config import TrainConfig
+    from capsnet.training.loop import train_step
+    from capsnet.training.state import EpochSums
 
     config = TrainConfig(out=str(tmp_path / "r"), train_subset=64, test_subset=32, batch_size=16, progress=False,
                          tensorboard=False, device="cuda")  # fmt: skip

@@ -13,7 +13,7 @@ from capsnet import CapsNet, load_pretrained
 from capsnet.cli import main
 from capsnet.data import Split, load_dataset
 from capsnet.training.checkpoint import load_state, read_summary
-from capsnet.training.evaluate import evaluate
+from capsnet.training.evaluator import evaluate
 from capsnet.training.loop import STOP_CHECK_EVERY
 from capsnet.training.state import EpochSums
 
@@ -178,7 +178,8 @@ def test_em_capsnet_centres_beta_a_before_ddp_wraps_it(tmp_path, one_rank_ddp):
 RESUME_SCRIPT = """
 import json, os, sys
 from capsnet import CapsNetConfig
-from capsnet.training import distributed, loop
+from capsnet.training import api, distributed, loop
+from capsnet.training.config import TrainConfig
 
 out, record, stop_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rank = int(os.environ["RANK"])
@@ -192,12 +193,12 @@ def recording(run, state):  # the epoch's [loss sum, correct, count] over both r
 loop.evaluate_epoch = recording
 on_step = (lambda step: rank == 1 and step == stop_at) if stop_at else None  # rank 1 alone asks to stop
 if os.path.exists(os.path.join(out, "state.pt")):
-    result = loop.resume(out, on_step=on_step)
+    result = api.resume(out, on_step=on_step)
 else:
     model = CapsNetConfig(conv_channels=8, primary_types=2, primary_dim=4, class_dim=4, decoder_hidden=(16, 16))
-    config = loop.TrainConfig(out=out, epochs=1, train_subset=int(sys.argv[4]), test_subset=8, val_fraction=0.0,
-                              batch_size=2, device="cpu", progress=False, tensorboard=False)
-    result = loop.train(config, model, on_step=on_step)
+    config = TrainConfig(out=out, epochs=1, train_subset=int(sys.argv[4]), test_subset=8, val_fraction=0.0,
+                         batch_size=2, device="cpu", progress=False, tensorboard=False)
+    result = api.train(config, model, on_step=on_step)
 with open(os.path.join(record, f"rank{rank}.json"), "w") as f:
     json.dump({"closed": closed, "interrupted": result.interrupted}, f)
 """

@@ -81,7 +81,9 @@ def test_good_download_is_cached_and_not_repeated(mirror, monkeypatch, tmp_path)
     ds = load_dataset("mnist", mirrors=[url])
     assert len(ds.train) == 10 and len(ds.test) == 4
     cached = tmp_path / "cache" / "mnist"
-    assert sorted(p.name for p in cached.iterdir()) == sorted(DATASETS["mnist"]["files"])
+    assert sorted(p.name for p in cached.iterdir() if not p.name.endswith(".lock")) == sorted(
+        DATASETS["mnist"]["files"]
+    )
     assert len(requests) == 4
     load_dataset("mnist", mirrors=[url])
     load_dataset("mnist", download=False)
@@ -95,8 +97,9 @@ def test_bad_md5_is_refused_and_not_cached(mirror, monkeypatch, tmp_path):
     with pytest.raises(DatasetError, match="MD5") as e:
         load_dataset("mnist", mirrors=[url])
     assert str(tmp_path / "cache" / "mnist") in str(e.value)
-    leftovers = list((tmp_path / "cache" / "mnist").glob("*")) if (tmp_path / "cache" / "mnist").exists() else []
-    assert leftovers == []  # neither the bad file nor a temporary file remains
+    cached = tmp_path / "cache" / "mnist"
+    leftovers = [p for p in cached.glob("*") if not p.name.endswith(".lock")] if cached.exists() else []
+    assert leftovers == []  # neither the bad file nor a temporary file remains (the download's lock file stays)
 
 
 def test_next_mirror_and_env_override(mirror, monkeypatch, tmp_path):
@@ -158,7 +161,8 @@ def test_a_set_with_one_mirror_survives_a_fault(monkeypatch, tmp_path, fault):
         assert server.counts["/cifar-10-binary.tar.gz"] == 2
     assert len(ds.train) == 10
     cached = tmp_path / "cache" / "cifar10"
-    assert not (cached / "cifar-10-binary.tar.gz").exists() and not [p for p in cached.rglob(".*")]
+    temporary = [p for p in cached.rglob(".*") if not p.name.endswith(".lock")]  # (lock files stay)
+    assert not (cached / "cifar-10-binary.tar.gz").exists() and not temporary
 
 
 def test_each_mirror_gets_its_tries_then_the_next_one_serves(monkeypatch, tmp_path):
@@ -190,7 +194,9 @@ def test_no_mirror_that_works_is_one_line_naming_each(monkeypatch, tmp_path):
     assert "\n" not in msg and f"could not download mnist ({first}: {a.url}{first}: the body was cut short" in msg
     assert f"{b.url}{first}: MD5 " in msg and msg.count("(after 3 tries)") == 2
     cached = tmp_path / "cache" / "mnist"
-    assert not cached.exists() or list(cached.iterdir()) == []  # nothing partial, no temporary or lock file
+    assert (
+        not cached.exists() or [p for p in cached.iterdir() if not p.name.endswith(".lock")] == []
+    )  # nothing partial or temporary
 
 
 def test_concurrent_loads_download_and_unpack_once(monkeypatch, tmp_path):
@@ -219,7 +225,7 @@ def test_concurrent_loads_download_and_unpack_once(monkeypatch, tmp_path):
             t.join()
         assert server.counts["/cifar-10-binary.tar.gz"] == 1
     assert not errors and results == [10] * 4
-    assert not list((tmp_path / "cache").glob(".*.lock"))
+    assert not [p for p in (tmp_path / "cache").rglob(".*") if not p.name.endswith(".lock")]  # no temporary file
 
 
 def test_svhn_extra_is_fetched_when_asked_for(mirror, monkeypatch, tmp_path):

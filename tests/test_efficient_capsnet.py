@@ -17,12 +17,13 @@ from capsnet.data.imageaug import DEFAULTS, AugmentSpec, resolve_augment
 from capsnet.data.scaling import channel_stats
 from capsnet.data.smallnorb import read_matrix
 from capsnet.errors import ConfigError, DatasetError
+from capsnet.inference import predict
 from capsnet.models.efficient_capsnet import EfficientCapsNet, EfficientCapsNetConfig
 from capsnet.models.recipe import InputRecipe, recipe_of
 from capsnet.nn.keras_init import TRUNCATION_STD, keras_fans
+from capsnet.training.classification import ClassificationTask
 from capsnet.training.config import TrainConfig
-from capsnet.training.evaluate import evaluate, predict
-from capsnet.training.tasks import ClassificationTask
+from capsnet.training.evaluator import evaluate
 
 
 def n_params(m: torch.nn.Module) -> int:

@@ -455,7 +455,7 @@ def test_training_is_stable_200_steps(iterations):
 
 def test_visualize_draws_the_final_assignments(tiny_model, tmp_path):
     pytest.importorskip("matplotlib")
-    from capsnet.viz.figures import plot_routing
+    from capsnet.viz.routing import plot_routing
 
     out = plot_routing(tiny_model.eval(), torch.rand(1, 28, 28), 3, tmp_path / "routing.png")
     assert out.read_bytes().startswith(b"\x89PNG")
@@ -519,24 +519,25 @@ def test_the_margin_schedule_counts_on_the_host_and_checkpoints_of_the_buffer_lo
 
 @pytest.mark.slow
 def test_training_centres_before_the_first_step_and_a_resume_does_not(tmp_path, monkeypatch):
-    from capsnet.training import loop
+    from capsnet.training import api, build
+    from capsnet.training.config import TrainConfig
     from capsnet.training.distributed import DistInfo
     from capsnet.training.runfolder import release
 
     calls = []
     real = EMCapsNet.init_from_data
     monkeypatch.setattr(EMCapsNet, "init_from_data", lambda model, x: calls.append(x.shape) or real(model, x))
-    config = loop.TrainConfig(out=str(tmp_path / "run"), model="em-capsnet", train_subset=32, test_subset=16,
-                              batch_size=16, epochs=1, progress=False, tensorboard=False, device="cpu")  # fmt: skip
+    config = TrainConfig(out=str(tmp_path / "run"), model="em-capsnet", train_subset=32, test_subset=16,
+                         batch_size=16, epochs=1, progress=False, tensorboard=False, device="cpu")  # fmt: skip
     small = EMCapsNet.config_class(conv_channels=8, primary_types=4, caps1_types=4, caps2_types=4)
-    run = loop.build(config, small, torch.device("cpu"), DistInfo(), None)
+    run = build.build(config, small, torch.device("cpu"), DistInfo(), None)
     assert calls == [(16, 1, 28, 28)]  # rank 0's first batch, before any step
     assert all(layer.centred for layer in (run.model.caps1, run.model.caps2, run.model.classes))
     release(config.out)  # (a run only built, not trained: its folder's lock goes before train takes it)
-    loop.train(config, small)
-    resumed = loop.TrainConfig(**{**config.__dict__, "epochs": 2, "resume": True})
+    api.train(config, small)
+    resumed = TrainConfig(**{**config.__dict__, "epochs": 2, "resume": True})
     calls.clear()
-    loop.train(resumed)
+    api.train(resumed)
     assert calls == []
 
 
@@ -544,17 +545,18 @@ def test_training_centres_before_the_first_step_and_a_resume_does_not(tmp_path, 
 def test_a_resumed_run_continues_the_margin_schedule_exactly(tmp_path):
     """Stopped after its 3rd step (mid-epoch) and resumed, a run ends with the weights and margin of one that was
     not stopped."""
-    from capsnet.training import loop
+    from capsnet.training import api
+    from capsnet.training.config import TrainConfig
 
     small = EMCapsNet.config_class(conv_channels=8, primary_types=4, caps1_types=4, caps2_types=4,
                                    margin_anneal_steps=8)  # fmt: skip
     common = dict(model="em-capsnet", train_subset=64, test_subset=16, batch_size=16, epochs=2, progress=False,
                   tensorboard=False, device="cpu", lr_decay=0.5)  # fmt: skip
-    loop.train(loop.TrainConfig(out=str(tmp_path / "whole"), **common), small)
-    stopped = loop.train(loop.TrainConfig(out=str(tmp_path / "parts"), **common), small, on_step=lambda step: step == 3)
+    api.train(TrainConfig(out=str(tmp_path / "whole"), **common), small)
+    stopped = api.train(TrainConfig(out=str(tmp_path / "parts"), **common), small, on_step=lambda step: step == 3)
     assert stopped.interrupted
     assert load_pretrained(tmp_path / "parts" / "last").margin_steps == 3
-    loop.train(loop.TrainConfig(out=str(tmp_path / "parts"), resume=True, **common))
+    api.train(TrainConfig(out=str(tmp_path / "parts"), resume=True, **common))
     whole, parts = (load_pretrained(tmp_path / name / "last") for name in ("whole", "parts"))
     assert whole.margin_steps == parts.margin_steps == 8
     for (key, a), b in zip(whole.state_dict().items(), parts.state_dict().values(), strict=True):

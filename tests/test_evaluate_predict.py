@@ -10,8 +10,11 @@ from capsnet.cli import main
 from capsnet.data import Split, load_dataset
 from capsnet.data.images import load_image
 from capsnet.errors import DatasetError
-from capsnet.training.evaluate import check_split, evaluate, evaluate_checkpoint
-from capsnet.training.loop import TrainConfig, train
+from capsnet.inference import evaluate_checkpoint
+from capsnet.training.api import train
+from capsnet.training.checkpoint_data import check_split
+from capsnet.training.config import TrainConfig
+from capsnet.training.evaluator import evaluate
 
 
 @pytest.fixture(scope="module")

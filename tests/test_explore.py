@@ -10,8 +10,8 @@ from helpers import small_model_config
 
 from capsnet import Router, list_models
 from capsnet.cli import main
+from capsnet.inference import predict
 from capsnet.models.registry import MODELS
-from capsnet.training.evaluate import predict
 from capsnet.viz import explore_model as em
 from capsnet.viz.explore import Explorer, check_port_free
 from capsnet.viz.routing import routing_maps
@@ -47,7 +47,7 @@ def test_lengths_are_the_models(name, tmp_path):
     assert r["lengths"]["length"] == [round(float(v), 4) for v in out.lengths[0]]
     assert r["state"].prediction == int(out.predictions[0])
     # the input is predict's: the same lengths as `capsnet predict` gives this file
-    assert predict(model, [path])[0]["lengths"] == [round(float(v), 6) for v in r["state"].lengths]
+    assert predict(model, [path]).rows()[0]["lengths"] == [round(float(v), 6) for v in r["state"].lengths]
     assert ex.names[r["state"].prediction] in r["prediction"]
 
 
@@ -130,7 +130,9 @@ def test_drawing_and_gallery_go_through_predicts_conversion(tmp_path):
     images = (torch.rand(3, 1, 28, 28) * 255).to(torch.uint8)
     ex = Explorer(model, images=images)
     r = ex.gallery_pick(2)
-    assert r["state"].lengths.tolist() == pytest.approx(predict(model, [ex.gallery_paths[2]])[0]["lengths"], abs=1e-6)
+    assert r["state"].lengths.tolist() == pytest.approx(
+        predict(model, [ex.gallery_paths[2]]).rows()[0]["lengths"], abs=1e-6
+    )
     canvas = torch.zeros(280, 280, 4, dtype=torch.uint8)
     canvas[100:200, 130:150, 3] = 255  # a black stroke on a transparent canvas
     r = ex.drawing({"composite": canvas.numpy()})

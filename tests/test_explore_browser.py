@@ -65,8 +65,8 @@ def pixels(png: bytes):
 
 def test_explore_in_a_browser(browser, tmp_path):
     from capsnet.cli.checkpoints import pretrained_folder
+    from capsnet.inference import predict
     from capsnet.models.pretrained import load_pretrained
-    from capsnet.training.evaluate import predict
     from capsnet.viz.explore import Explorer, test_images
 
     folder = pretrained_folder("efficient-capsnet:mnist-sample")
@@ -78,7 +78,7 @@ def test_explore_in_a_browser(browser, tmp_path):
         page = browser.new_page(viewport={"width": 1400, "height": 1500})
         page.goto(url)
         png = digit_png(tmp_path)
-        want = predict(model, [png])[0]["name"]
+        want = predict(model, [png]).rows()[0]["name"]
         page.locator("#upload input[type=file]").set_input_files(str(png))
         page.wait_for_function("() => !document.querySelector('#prediction').innerText.includes('no image')",
                                timeout=30_000)  # fmt: skip
@@ -96,7 +96,7 @@ def test_explore_in_a_browser(browser, tmp_path):
 
         page.get_by_role("tab", name="Test images").click()
         page.locator("#gallery img").nth(1).click()
-        want = predict(model, [ex.gallery_paths[1]])[0]["name"]
+        want = predict(model, [ex.gallery_paths[1]]).rows()[0]["name"]
         page.wait_for_function(
             f"() => document.querySelector('#prediction').innerText.includes('Prediction: {want} ')", timeout=30_000
         )

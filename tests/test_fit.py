@@ -23,7 +23,7 @@ import capsnet
 from capsnet.data import Split
 from capsnet.errors import CapsNetError, CheckpointError, ConfigError, DatasetError
 from capsnet.training.checkpoint import load_state, read_summary
-from capsnet.training.evaluate import evaluate
+from capsnet.training.evaluator import evaluate
 from capsnet.training.loader import LoaderTask, SeededSampler
 
 QUIET = {"progress": False, "tensorboard": False, "device": "cpu"}
@@ -297,6 +297,28 @@ class Items(torch.utils.data.IterableDataset):
 
     def __iter__(self):
         return iter(Stripes(8)[i] for i in range(8))
+
+
+@pytest.mark.parametrize("digits", [None, True, False])
+def test_fit_keeps_what_the_model_records_of_digits_unless_told(tmp_path, digits):
+    # a shipped digit model (digits: true) fine-tuned without a word stays a digit model; False or True is recorded
+    model = capsnet.create_model("capsnet", in_channels=1, image_size=12, n_classes=3, conv_channels=8,
+                                 primary_types=2, primary_dim=4, class_dim=4, kernel_size=3,
+                                 decoder_hidden=(16, 16), digits=True)  # fmt: skip
+    capsnet.fit(model, Stripes(16), epochs=1, out=tmp_path / "run", batch_size=8, val_fraction=0, digits=digits,
+                **QUIET)  # fmt: skip
+    want = True if digits is None else digits
+    assert model.config.digits is want
+    assert json.loads((tmp_path / "run" / "best" / "config.json").read_text())["config"]["digits"] is want
+
+
+def test_fit_without_progress_shows_warnings_only(tmp_path, capsys):
+    # the run's lines go through the capsnet logger: progress=False keeps its information lines quiet
+    capsnet.fit(Tiny(), Stripes(16), epochs=1, out=tmp_path / "quiet", batch_size=8, **QUIET)
+    assert capsys.readouterr().out == ""
+    capsnet.fit(Tiny(), Stripes(16), epochs=1, out=tmp_path / "shown", batch_size=8, **{**QUIET, "progress": True})
+    out = capsys.readouterr().out
+    assert "epoch 1/1  train loss" in out and "batch size 8" not in out  # (a given batch size is not announced)
 
 
 def _capsnet_1x28():

@@ -48,12 +48,12 @@ def test_no_help_text_gives_its_default_twice():
 
 
 def test_the_progress_bar_is_off_when_stderr_is_not_a_terminal(monkeypatch, tmp_path):
+    from capsnet.training.callbacks import RunLog
     from capsnet.training.config import FitConfig
-    from capsnet.training.progress import _Logger
 
     captured = io.StringIO()  # not a TTY, as a log file or a pipe
     monkeypatch.setattr(sys, "stderr", captured)
-    logger = _Logger(tmp_path, FitConfig(epochs=2, out=str(tmp_path), tensorboard=False), enabled=True)
+    logger = RunLog(tmp_path, FitConfig(epochs=2, out=str(tmp_path), tensorboard=False), enabled=True)
     bar = logger.bar(0, 100, 0)
     for _ in range(100):
         bar.update(1)

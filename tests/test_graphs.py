@@ -13,9 +13,12 @@ from helpers import small_config
 from capsnet.cli import build_parser
 from capsnet.cli.train import configs_from_args
 from capsnet.training import graphs
+from capsnet.training.api import train
+from capsnet.training.build import build
+from capsnet.training.classification import ClassificationTask
+from capsnet.training.config import TrainConfig
 from capsnet.training.distributed import DistInfo
-from capsnet.training.loop import TrainConfig, build, train, train_step
-from capsnet.training.tasks import ClassificationTask
+from capsnet.training.loop import train_step
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TINY = dict(train_subset=80, test_subset=32, batch_size=32, epochs=1, progress=False, tensorboard=False)  # 72 + 8 val

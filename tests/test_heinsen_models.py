@@ -17,7 +17,7 @@ from capsnet.models.pretrained import load_pretrained
 from capsnet.models.registry import MODELS
 from capsnet.routing.heinsen import HeinsenRouting
 from capsnet.routing.heinsen_vector import HeinsenVectorRouting
-from capsnet.training.evaluate import evaluate
+from capsnet.training.evaluator import evaluate
 
 
 def n_params(module: torch.nn.Module) -> int:

@@ -11,9 +11,9 @@ import torch
 
 from capsnet import CapsNet, CapsNetConfig, cli
 from capsnet.data import load_dataset, standins
-from capsnet.data.split import to_float
+from capsnet.inference import Ensemble
 from capsnet.models.recipe import model_input
-from capsnet.training.ensemble import Ensemble
+from capsnet.pixels import to_float
 
 SMALL = dict(conv_channels=8, kernel_size=5, primary_types=2, primary_dim=4, class_dim=6, decoder=False)
 
@@ -68,7 +68,7 @@ def test_predict_resizes_like_the_training_data_and_names_the_class(tmp_path, ca
                         class_names=("cat", "dog", "fox"), digits=False)[0]  # fmt: skip
     img = tmp_path / "photo.png"
     Image.new("RGB", (64, 48), (250, 250, 250)).save(img)  # white: a digit model would invert it
-    from capsnet.training.evaluate import prepare_image
+    from capsnet.inference import prepare_image
 
     model = CapsNet.from_pretrained(path)
     x, how = prepare_image(img, model.config)
@@ -121,7 +121,7 @@ def test_bad_input_through_train_is_one_line_exit_2_nothing_written(tmp_path, ca
 
 def test_memory_estimate_stops_oversized_training_before_allocating(tmp_path, capsys, monkeypatch):
     from capsnet.errors import ConfigError
-    from capsnet.training import memory
+    from capsnet.models import memory
 
     big = CapsNetConfig(in_channels=3, image_size=224)
     small = CapsNetConfig(in_channels=3, image_size=224, conv1_stride=2)

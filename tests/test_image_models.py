@@ -237,9 +237,10 @@ def test_rotate_and_zoom_augmentation():
 # ------------------------------------------------------------------------------------------------ training
 @pytest.mark.slow
 def test_two_step_training_of_a_three_channel_non_square_model(tmp_path):
+    from capsnet.inference import evaluate_checkpoint
     from capsnet.models.pretrained import load_pretrained
-    from capsnet.training.evaluate import evaluate_checkpoint
-    from capsnet.training.loop import TrainConfig, train
+    from capsnet.training.api import train
+    from capsnet.training.config import TrainConfig
 
     data = standins.write_npz(tmp_path / "rgb.npz", n_train=8, n_test=6, n_classes=3, shape=(20, 28, 3))
     config = TrainConfig(dataset=str(data), epochs=1, batch_size=4, device="cpu", out=str(tmp_path / "run"),
@@ -257,7 +258,8 @@ def test_two_step_training_of_a_three_channel_non_square_model(tmp_path):
 def test_cifar_stand_in_trains_on_crops_and_tests_on_centre_crops(tmp_path):
     from capsnet.models.pretrained import load_pretrained
     from capsnet.models.recipe import model_input
-    from capsnet.training.loop import TrainConfig, train
+    from capsnet.training.api import train
+    from capsnet.training.config import TrainConfig
 
     folder = standins.write_cifar(tmp_path / "c10", n_train=10, n_test=8)
     config = TrainConfig(dataset=str(folder), epochs=1, batch_size=5, device="cpu", out=str(tmp_path / "run"),

@@ -16,15 +16,15 @@ from capsnet import create_model
 from capsnet.data.batching import epoch_indices
 from capsnet.data.imageaug import AugmentSpec
 from capsnet.data.split import Split
+from capsnet.inference import Ensemble, predict
 from capsnet.models.export import export_model
 from capsnet.models.recipe import InputRecipe, model_input, recipe_of
 from capsnet.nn.standardize import per_image_standardize
 from capsnet.training import distributed as dist_utils
-from capsnet.training.ensemble import Ensemble
-from capsnet.training.evaluate import evaluate, predict
+from capsnet.training.classification import ClassificationTask
+from capsnet.training.evaluator import evaluate
 from capsnet.training.graphs import StepGraph
 from capsnet.training.loader import LoaderTask
-from capsnet.training.tasks import ClassificationTask
 
 N = 6
 RECIPES = ["identity", "divide-256", "channel-standardize", "digits"]
@@ -103,7 +103,7 @@ def test_every_path_feeds_the_model_the_same_tensor(name, kind, tmp_path):
     evaluate(model, Split(raw, labels), batch_size=N)
     same(seen.inputs[-1], want)
     paths = [_png(tmp_path / f"{k}.png", raw[k]) for k in range(N)]
-    results = predict(model, paths)
+    results = predict(model, paths).rows(paths)
     same(seen.inputs[-1], want)
     assert {r["conversion"] for r in results} == (
         {"digit-style, taken as it is (28x28, dark background)"} if kind == "digits" else {"as it is"}

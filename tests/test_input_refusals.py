@@ -21,7 +21,7 @@ from capsnet import CapsNet, cli
 from capsnet.data import Split, load_dataset, standins
 from capsnet.models.hub import resolve_ref
 from capsnet.models.recipe import model_input
-from capsnet.training.evaluate import evaluate
+from capsnet.training.evaluator import evaluate
 
 QUIET = {"progress": False, "tensorboard": False, "device": "cpu"}
 CLASS_COUNT = "(a class count is never converted; fine-tune: create_model(name, pretrained=..., n_classes=K), then fit)"

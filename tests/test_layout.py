@@ -1,13 +1,15 @@
 """The package layout: which subpackage may import which, read from the source with ast (nothing is imported).
 
-Layers, bottom up: the foundation modules (errors, fileio, config, fetch, _lazy, limits, plugins, results,
+Layers, bottom up: the foundation modules (errors, fileio, config, fetch, _lazy, pixels, limits, plugins, results,
 results_tables); configs (the model configs, torch-free: foundation only); nn; routing (nn); models (nn, routing);
-data (foundation only); training (models, data, nn, routing); experiments, viz and lightning (training and below;
-not each other); cli (anything). On top, the package's `__init__` (the public API) and `__main__`: nothing imports
-them.
+data (foundation only); training (models, data, nn, routing); inference (the front door: training and below);
+experiments and viz (inference and below), lightning and tools (training and below; none of them each other); cli
+(anything). On top, the package's `__init__` (the public API) and `__main__`: nothing
+imports them. No import cycle anywhere, and no façade: every import names the module that defines the name.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,8 @@ FOUNDATION = {
     "_version",
     "fetch",
     "_lazy",
+    "logs",
+    "pixels",
     "limits",
     "plugins",
     "results",
@@ -35,11 +39,13 @@ MAY_IMPORT: dict[str, set[str]] = {
     "models": {"foundation", "configs", "nn", "routing", "models"},
     "data": {"foundation", "configs", "data"},
     "training": BELOW_TRAINING,
-    "experiments": BELOW_TRAINING | {"experiments"},
-    "viz": BELOW_TRAINING | {"viz"},
+    "inference": BELOW_TRAINING | {"inference"},
     "lightning": BELOW_TRAINING,
-    "cli": BELOW_TRAINING | {"experiments", "viz", "cli"},
-    "api": BELOW_TRAINING | {"experiments", "viz", "cli", "api"},
+    "tools": BELOW_TRAINING | {"tools"},
+    "experiments": BELOW_TRAINING | {"inference", "experiments"},
+    "viz": BELOW_TRAINING | {"inference", "viz"},
+    "cli": BELOW_TRAINING | {"inference", "experiments", "viz", "tools", "cli"},
+    "api": BELOW_TRAINING | {"inference", "experiments", "viz", "tools", "cli", "api"},
 }
 
 
@@ -192,3 +198,117 @@ def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
     (tmp_path / "b.py").write_text("def f():\n    from .cyc_a import y\n")
     assert module_cycle({"capsnet.models.cyc_a", "capsnet.models.cyc_b"}) is not None
     assert module_cycle({"capsnet.models.cyc_a"}) is None
+
+
+def test_no_import_cycle_anywhere_in_the_package():
+    # lazy imports inside functions count: a cycle dodged by importing late is still a cycle
+    cycle = module_cycle(set(MODULES))
+    assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
+
+
+def top_level_names(module: str) -> set[str]:
+    """The names `module` binds at its top level (functions, classes, assignments), imports excluded."""
+    names: set[str] = set()
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                walk(node.body)
+                walk(getattr(node, "orelse", []))
+                walk(getattr(node, "finalbody", []))
+                for handler in getattr(node, "handlers", []):
+                    walk(handler.body)
+
+    walk(ast.parse(MODULES[module].read_text(encoding="utf-8")).body)
+    return names
+
+
+def sibling_imports(module: str) -> dict[str, str]:
+    """{name: the module of the same package it was imported from} for `module`'s top-level `from . import` names."""
+    package = module.rpartition(".")[0]
+    found = {}
+    for node in ast.parse(MODULES[module].read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            target = f"{package}.{node.module}"
+            found.update({(a.asname or a.name): target for a in node.names if target in MODULES})
+    return found
+
+
+def facade_imports(sources: dict[str, Path]) -> list[str]:
+    """Imports in `sources` ({module name or path: file}) that take from a capsnet module (not a package's
+    `__init__`) a name it only imported from another module of its own package."""
+    found = []
+    for where, path in sources.items():
+        package = where.rpartition(".")[0] if where in MODULES and path.name != "__init__.py" else where
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join([*base, *([node.module] if node.module else [])]) if node.level else node.module or ""
+            if target not in MODULES or MODULES[target].name == "__init__.py":
+                continue
+            borrowed = sibling_imports(target)
+            for alias in node.names:
+                if alias.name in borrowed and alias.name not in top_level_names(target):
+                    found.append(f"{where}: `{alias.name}` from {target} (defined in {borrowed[alias.name]})")
+    return found
+
+
+def test_no_module_re_exports_a_name_of_its_own_package():
+    # every import names the module that defines the thing; only a package's __init__ gathers names
+    root = PACKAGE.parents[1]
+    sources = dict(MODULES)
+    for folder in ("tests", "benchmarks", "tools", "examples"):
+        sources.update({str(p.relative_to(root)): p for p in sorted((root / folder).rglob("*.py"))})
+    assert not facade_imports(sources)
+    for module, path in MODULES.items():
+        if path.name == "__init__.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        exported = [n for n in tree.body if isinstance(n, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)]  # fmt: skip
+        names = {e.value for node in exported for e in ast.walk(node.value) if isinstance(e, ast.Constant)}
+        foreign = sorted(names & set(sibling_imports(module)) - top_level_names(module))
+        assert not foreign, f"{module}.__all__ lists {foreign}, defined in another module of its package"
+
+
+def test_the_facade_check_finds_a_re_export(tmp_path, monkeypatch):
+    for name, text in (("fa_defines", "X = 1\n"), ("fa_passes", "from .fa_defines import X\n")):
+        (tmp_path / f"{name}.py").write_text(text)
+        monkeypatch.setitem(MODULES, f"capsnet.training.{name}", tmp_path / f"{name}.py")
+    user = tmp_path / "user.py"
+    user.write_text("from capsnet.training.fa_passes import X\nfrom capsnet.training.fa_defines import X\n")
+    assert facade_imports({"user.py": user}) == ["user.py: `X` from capsnet.training.fa_passes (defined in "
+                                                 "capsnet.training.fa_defines)"]  # fmt: skip
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("capsnet.training")))
+def test_each_training_module_says_its_one_job_in_its_first_line(module):
+    doc = ast.get_docstring(ast.parse(MODULES[module].read_text(encoding="utf-8")))
+    assert doc, f"{module} has no docstring"
+    first = doc.splitlines()[0]
+    assert first.endswith((".", ":")) and len(first) <= 120, f"{module}: the first line should be one sentence: {first}"
+
+
+def test_docstrings_have_no_sphinx_roles():
+    # the docs site renders docstrings as Markdown (mkdocstrings): ":class:`X`" would print literally; write `X`
+    role = re.compile(r":(class|func|mod|meth|data|attr|exc|obj):`")
+    found = [f"{m}:{n}" for m, p in MODULES.items()
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if role.search(line)]  # fmt: skip
+    assert not found, f"Sphinx roles in {found[:5]}"
+
+
+LIBRARY = ("nn", "routing", "models", "data", "training", "configs", "foundation")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) in LIBRARY))
+def test_library_modules_log_instead_of_printing(module):
+    # the command line prints; the library logs to the "capsnet" logger (capsnet.logs), which a user can silence
+    calls = [n.lineno for n in ast.walk(ast.parse(MODULES[module].read_text(encoding="utf-8")))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print"]  # fmt: skip
+    assert not calls, f"{module} prints (lines {calls}); log to capsnet.logs.LOGGER instead"

@@ -10,7 +10,7 @@ import torch
 from capsnet import CapsNetConfig
 from capsnet.data import datasets, load_dataset
 from capsnet.errors import ConfigError
-from capsnet.training import memory
+from capsnet.models import memory
 
 # A machine with a warm page cache: little free, much available.
 MEMINFO = """MemTotal:       24000000 kB

@@ -9,9 +9,9 @@ import pytest
 
 import capsnet
 from capsnet import CapsNet
+from capsnet.inference import evaluate_checkpoint
 from capsnet.models.baseline import count_parameters
 from capsnet.training.checkpoint import read_summary
-from capsnet.training.evaluate import evaluate_checkpoint
 
 pytestmark = pytest.mark.tooling  # the project's tooling: make test runs it, make check does not
 

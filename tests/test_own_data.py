@@ -21,8 +21,9 @@ from capsnet.models.efficient_capsnet import EfficientCapsNet
 from capsnet.routing.dynamic import coherent_vote_lr
 from capsnet.training.checkpoint import read_summary
 from capsnet.training.distributed import DistInfo
+from capsnet.training.evaluator import evaluate_batches
 from capsnet.training.stuck import run_stuck_line
-from capsnet.training.tasks import Batch, evaluate_batches
+from capsnet.training.tasks import Batch
 
 QUIET = {"progress": False, "tensorboard": False, "device": "cpu"}
 
@@ -104,7 +105,8 @@ def test_evaluation_measures_the_mean_shortest_and_longest_class_length():
         out = m(b.images)
         return torch.tensor(0.0), (out.predictions == b.targets).sum()
 
-    scores = evaluate_batches(model, [batch, batch], score=score, device=torch.device("cpu"), dist=DistInfo())
+    scores = evaluate_batches(model, [batch, batch], score=score, device=torch.device("cpu"), dist=DistInfo(),
+                              lengths=True)  # fmt: skip
     assert scores["shortest"] == pytest.approx((0.1 + 0.2) / 2) and scores["longest"] == pytest.approx(0.65)
     assert scores["classes"] == 3 and scores["accuracy"] == 0.5 and scores["n"] == 4
     assert model._forward_hooks == {}  # the evaluation's hook is gone

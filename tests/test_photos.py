@@ -16,8 +16,8 @@ from capsnet import create_model
 from capsnet.cli import main
 from capsnet.data.datasets import load_dataset
 from capsnet.data.mnist_form import mnist_form
+from capsnet.inference import prepare_image
 from capsnet.models.recipe import model_input
-from capsnet.training.evaluate import prepare_image
 from capsnet.viz.explore import Explorer
 
 Image = pytest.importorskip("PIL.Image")

@@ -1,5 +1,6 @@
-"""capsnet.training.profiling: the step's phase ranges (no-ops unless profiling), the profile of real training steps
-on the CPU, and the attribution of CUDA kernels (a synthetic trace: the real one needs a GPU)."""
+"""capsnet.training.phases and capsnet.tools.profiling: the step's phase ranges (no-ops unless profiling), the
+profile of real training steps on the CPU, and the attribution of CUDA kernels (a synthetic trace: the real one
+needs a GPU)."""
 
 from enum import Enum
 from types import SimpleNamespace
@@ -8,9 +9,9 @@ import torch
 from helpers import small_config
 
 from capsnet import CapsNet
-from capsnet.training import profiling
-from capsnet.training.loop import TrainConfig
-from capsnet.training.profiling import markdown, phase, profile_training, profiled, summarize
+from capsnet.tools.profiling import markdown, profile_training, summarize
+from capsnet.training.config import TrainConfig
+from capsnet.training.phases import STEP, phase, profiled
 
 
 def test_phase_ranges_cost_nothing_outside_a_profile():
@@ -56,7 +57,7 @@ def _event(name, start, end, *, parent=None, device=_Device.CPU, annotation=Fals
 
 
 def test_cuda_kernels_are_attributed_to_the_phase_of_their_operator_forward_and_backward():
-    step = _event(profiling.STEP, 0, 100, annotation=True)
+    step = _event(STEP, 0, 100, annotation=True)
     conv = _event("conv", 1, 20, parent=step, annotation=True)
     conv_op = _event("aten::convolution", 2, 10, parent=conv, seq=7, id=11)
     backward = _event("backward", 30, 90, parent=step, annotation=True)
@@ -69,7 +70,7 @@ def test_cuda_kernels_are_attributed_to_the_phase_of_their_operator_forward_and_
                _event("wgrad", 40, 60, device=_Device.CUDA, link=12),
                _event("dgrad", 60, 70, device=_Device.CUDA, link=12),
                _event("add_kernel", 80, 85, device=_Device.CUDA, link=13)]  # fmt: skip
-    on_gpu = [_event(name, 9, 86, device=_Device.CUDA, annotation=True) for name in (profiling.STEP, "conv")]
+    on_gpu = [_event(name, 9, 86, device=_Device.CUDA, annotation=True) for name in (STEP, "conv")]
     events = [step, conv, conv_op, backward, node, grad_op, other_op, *launches, *kernels, *on_gpu]
     report = summarize(events, steps=1, device_type="cuda")
     phases = {p["phase"]: p for p in report["phases"]}

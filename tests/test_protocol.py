@@ -17,12 +17,13 @@ from capsnet.cli import main
 from capsnet.data import Split, load_dataset
 from capsnet.data.split import holdout_counts, stratified_holdout
 from capsnet.errors import ConfigError, DatasetError
-from capsnet.training import runfolder
-from capsnet.training import tasks as tasks_module
+from capsnet.training import classification, evaluator, runfolder
+from capsnet.training.api import train
+from capsnet.training.build import build
 from capsnet.training.checkpoint import TEST_NAME, checkpoint_info, load_state, read_summary
-from capsnet.training.loop import TrainConfig, build, train
+from capsnet.training.classification import ClassificationTask
+from capsnet.training.config import TrainConfig
 from capsnet.training.state import restore
-from capsnet.training.tasks import ClassificationTask
 
 TINY = dict(train_subset=60, test_subset=30, batch_size=20, epochs=2, progress=False, tensorboard=False)
 TINY_MODEL = dict(conv_channels=8, primary_types=2)
@@ -57,11 +58,11 @@ def test_stratified_holdout_is_seeded_disjoint_and_covers_the_split():
 
 def test_the_sample_splits_5400_600_and_the_split_does_not_follow_the_training_seed():
     train = load_dataset("mnist-sample").train
-    a = tasks_module.validation_split(train, None, TrainConfig(seed=0))
-    b = tasks_module.validation_split(train, None, TrainConfig(seed=5))
+    a = classification.validation_split(train, None, TrainConfig(seed=0))
+    b = classification.validation_split(train, None, TrainConfig(seed=5))
     assert (len(a[0]), len(a[1])) == (5400, 600) and torch.equal(a[1].images, b[1].images)
     assert a[2] == {"source": "held out of the training split", "fraction": 0.1, "seed": 0, "n": 600}
-    assert tasks_module.validation_split(train, None, TrainConfig(val_fraction=0))[1] is None
+    assert classification.validation_split(train, None, TrainConfig(val_fraction=0))[1] is None
     with pytest.raises(ConfigError, match="val_fraction"):
         TrainConfig(val_fraction=1.0)
 
@@ -69,13 +70,13 @@ def test_the_sample_splits_5400_600_and_the_split_does_not_follow_the_training_s
 # ------------------------------------------------------------------------------------------------ the run
 def test_best_follows_validation_and_the_test_split_is_read_once_at_the_end(tmp_path, monkeypatch):
     reads = []
-    evaluate = tasks_module.ClassificationTask.evaluate
+    evaluate = classification.ClassificationTask.evaluate
 
     def counting(self, model, *, split="test", **kw):
         reads.append(split)
         return evaluate(self, model, split=split, **kw)
 
-    monkeypatch.setattr(tasks_module.ClassificationTask, "evaluate", counting)
+    monkeypatch.setattr(classification.ClassificationTask, "evaluate", counting)
     result = train(_config(tmp_path, epochs=3), small_config(**TINY_MODEL))
     assert reads == ["val", "val", "val", "test", "test"]  # one val per epoch; test twice (last/, best/) at the end
     rows = read_summary(tmp_path / "run")
@@ -92,7 +93,7 @@ def test_best_follows_validation_and_the_test_split_is_read_once_at_the_end(tmp_
     # best/'s test figure is its own: the saved folder scores it again
     model = load_pretrained(tmp_path / "run" / "best")
     test = load_dataset("mnist-sample").test
-    again = tasks_module.evaluate(model, Split(test.images[:30], test.labels[:30]))
+    again = evaluator.evaluate(model, Split(test.images[:30], test.labels[:30]))
     assert again["accuracy"] == pytest.approx(report["best"]["accuracy"])
 
 

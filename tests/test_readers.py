@@ -473,8 +473,8 @@ def test_image_folder_cache_hit_is_checked_and_rebuilt(tmp_path, monkeypatch, da
 def test_fashion_mnist_is_not_a_digit_set_and_names_its_classes(tmp_path):
     from helpers import write_digits
 
-    from capsnet.training.loop import TrainConfig
-    from capsnet.training.tasks import ClassificationTask
+    from capsnet.training.classification import ClassificationTask
+    from capsnet.training.config import TrainConfig
 
     fashion = load_dataset(str(write_digits(tmp_path / "fashion-mnist", 20)))  # a folder of the set's own name
     assert not fashion.digits and fashion.names[0] == "T-shirt/top" and fashion.names[9] == "Ankle boot"

@@ -8,7 +8,9 @@ Makefile target; `pip install` must name extras pyproject.toml defines and the v
 """
 
 import argparse
+import ast
 import importlib.util
+import json
 import re
 import shlex
 import sys
@@ -164,6 +166,17 @@ def test_the_python_quickstart_runs(tmp_path):
                           env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "runs" / "mine" / "best" / "model.safetensors").is_file()
+    lines = done.stdout.splitlines()
+    # the bundled digits: the printed classes are their labels, as the README's comment shows
+    shown = re.search(r"^# (predicted .*)$", code, flags=re.M).group(1)
+    (printed,) = [line for line in lines if line.startswith("predicted ")]
+    assert printed == shown
+    names, truth = re.fullmatch(r"predicted (\[.*\]) true (\[.*\])", printed).groups()
+    assert names == truth and len(ast.literal_eval(names)) == 5
+    # after fit: three class indices of the model's five classes
+    (after,) = [line for line in lines if line.startswith("after fit ")]
+    classes = json.loads(after.removeprefix("after fit "))
+    assert len(classes) == 3 and all(0 <= k < 5 for k in classes)
 
 
 def test_readme_has_the_commands_it_documents():

@@ -9,7 +9,7 @@ from helpers import small_config, write_digits
 
 from capsnet import CapsNet
 from capsnet.cli import main
-from capsnet.training.evaluate import recorded_data
+from capsnet.training.checkpoint_data import recorded_data
 
 N_TEST, N_OTHER = 24, 10
 
@@ -57,9 +57,6 @@ def test_a_recorded_data_dir_is_used_and_named_as_the_run_named_it(tmp_path, dig
         "test_fraction": 0.2,
         "test_subset": None,
     }
-    old = _run(tmp_path, "old", val_fraction=0.3)  # made before validation splits: its val_fraction held out test
-    (old / "config.json").write_text(json.dumps({"train": {"dataset": "mnist", "val_fraction": 0.3}, "model": {}}))
-    assert recorded_data(old) == {"dataset": "mnist", "data_dir": None, "test_fraction": 0.3, "test_subset": None}
     r = _evaluate(capsys, "--checkpoint", str(run))
     assert r["n"] == N_TEST and r["dataset"] == "mnist"
     r = _evaluate(capsys, "--checkpoint", str(_run(tmp_path, "other")), "--data-dir", str(digits))

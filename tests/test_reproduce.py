@@ -12,9 +12,9 @@ from capsnet.experiments.affnist import ExpandedMNISTTask, affine_test_set
 from capsnet.experiments.multimnist import MultiMNISTTask
 from capsnet.experiments.reproduce import EXPERIMENTS, PAPER, Setting, format_table, run_experiment, setting_for
 from capsnet.training.checkpoint import read_summary
+from capsnet.training.classification import subset
 from capsnet.training.distributed import DistInfo
-from capsnet.training.evaluate import evaluate
-from capsnet.training.tasks import subset
+from capsnet.training.evaluator import evaluate
 
 CPU = torch.device("cpu")
 

@@ -16,8 +16,8 @@ from capsnet.data.sources import load
 from capsnet.errors import ConfigError, DatasetError
 from capsnet.experiments import fashion_mnist as fm
 from capsnet.models.registry import MODELS
+from capsnet.training.classification import ClassificationTask
 from capsnet.training.config import TrainConfig
-from capsnet.training.tasks import ClassificationTask
 
 
 def write_idx_standin(folder: Path, *, n_train: int = 700, n_test: int = 200, seed: int = 0) -> Path:
@@ -124,7 +124,7 @@ def _command(folder: Path, out: Path, *extra: str) -> list[str]:
 
 @pytest.mark.slow
 def test_quick_reproduction_reports_every_seed_resumes_and_skips(tmp_path, capsys):
-    from capsnet.training.loop import train
+    from capsnet.training.api import train
 
     folder, out = write_idx_standin(tmp_path / "standin"), tmp_path / "out"
     # seed 1 stopped after 3 steps (as by Ctrl-C): the command continues it from its checkpoint

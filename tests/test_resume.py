@@ -1,6 +1,7 @@
 """A resumed run keeps its own settings (capsnet.training.resume): `capsnet train --out RUN --resume` and
 `capsnet.training.resume(RUN)` read the run's config.json; a flag given again must agree with it unless it may
-change on resume; runs made by older capsnets still resume; a state.pt of another model is one line naming it."""
+change on resume; a run without format_version resumes, a later format is refused; a state.pt of another model is
+one line naming it."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ from safetensors.torch import load_file
 
 from capsnet.cli import main
 from capsnet.errors import CheckpointError, ConfigError
-from capsnet.training import resume, tasks
+from capsnet.training import classification, resume
+from capsnet.training.api import train
 from capsnet.training.checkpoint import load_state, read_summary
-from capsnet.training.loop import TrainConfig, train
+from capsnet.training.config import TrainConfig
 from capsnet.training.record import MAY_CHANGE
 
-FIXTURE = Path(__file__).parent / "fixtures" / "run-0.1.0"
 MODEL, QUIET = TINY_RUN_FLAGS, QUIET_FLAGS
 
 
@@ -64,7 +65,7 @@ def test_resume_without_repeating_the_flags_continues_the_same_run(tmp_path, rgb
     [
         (["--dataset", "mnist-sample"], "--dataset mnist-sample conflicts with the run's recorded --dataset {rgb}"),
         (["--batch-size", "4"], "--batch-size 4 conflicts with the run's recorded --batch-size 8"),
-        (["--seed", "1", "--shift", "0"], "--shift 0 conflicts with the run's recorded --shift 2 (also --seed 1)"),
+        (["--seed", "1", "--shift", "0"], "--seed 1 conflicts with the run's recorded --seed 0 (also --shift 0)"),
         (["--routing-iterations", "1"], "--routing-iterations 1 conflicts with the run's recorded --routing-iter"),
         (["--model", "baseline"], "--model baseline conflicts with the run's recorded --model capsnet"),
         (["--channels", "4", "4"], "--channels 4 4 is not an option of the run's model capsnet"),
@@ -124,31 +125,39 @@ def test_train_with_a_config_that_disagrees_is_refused_before_any_data_is_read(t
     def no_data(*args, **kwargs):
         raise AssertionError("the data set was read")
 
-    monkeypatch.setattr(tasks, "load_dataset", no_data)
+    monkeypatch.setattr(classification, "load_dataset", no_data)
     with pytest.raises(ConfigError, match=rf"dataset='mnist-sample' conflicts with the run's recorded dataset='{rgb}'"
                        r".*capsnet.training.resume\(OUT, \*\*changes\)"):  # fmt: skip
         train(TrainConfig(out=str(tmp_path / "run"), resume=True, epochs=2, progress=False))
 
 
-def test_runs_made_before_this_version_resume_from_the_command_line(tmp_path, capsys):
-    run = shutil.copytree(FIXTURE, tmp_path / "run")
-    with pytest.warns(DeprecationWarning):  # (the 0.1.0 run's old key names)
-        assert main(["train", "--out", str(run), "--resume", "--epochs", "3"]) == 0
-    rows, old_rows = read_summary(run), read_summary(FIXTURE)
-    assert [r["epoch"] for r in rows] == [1, 2, 3]
-    assert [{k: r[k] for k in old_rows[0]} for r in rows[:2]] == old_rows  # the two old epochs as they were
-    meta = json.loads((run / "config.json").read_text())
-    assert meta["train"]["train_subset"] == 64 and meta["train"]["batch_size"] == 16
-    # A run of the old val_fraction meaning (a single folder's test share; best/ chosen on the test set).
-    old = shutil.copytree(FIXTURE, tmp_path / "old")
-    meta = json.loads((old / "config.json").read_text())
-    meta["train"]["val_fraction"] = 0.2
-    (old / "config.json").write_text(json.dumps(meta))
-    with pytest.warns(DeprecationWarning):
-        assert main(["train", "--out", str(old), "--resume", "--epochs", "3"]) == 0
-    saved = json.loads((old / "config.json").read_text())["train"]
-    assert (saved["val_fraction"], saved["test_fraction"]) == (0.0, 0.2)
-    assert "best/ is chosen on the test set" in capsys.readouterr().err
+def test_a_run_without_format_version_resumes_and_a_later_format_is_one_line(tmp_path, rgb, capsys):
+    """config.json and state.pt carry format_version 1; a run written before it existed (today's runs in flight)
+    resumes as it is; a later format is refused in one line, the folder left as it was."""
+    run = tmp_path / "run"
+    assert _train(run, rgb, "--epochs", "1") == 0
+    meta, state = json.loads((run / "config.json").read_text()), torch.load(run / "state.pt", weights_only=True)
+    assert meta["format_version"] == 1 and state["format_version"] == 1
+    del meta["format_version"], state["format_version"]  # as written before format_version
+    (run / "config.json").write_text(json.dumps(meta))
+    torch.save(state, run / "state.pt")
+    assert main(["train", "--out", str(run), "--resume", "--epochs", "2", *QUIET]) == 0
+    assert [r["epoch"] for r in read_summary(run)] == [1, 2]
+    for name in ("config.json", "state.pt"):
+        later = tmp_path / name
+        shutil.copytree(run, later)
+        if name == "config.json":
+            meta = json.loads((later / name).read_text())
+            (later / name).write_text(json.dumps({**meta, "format_version": 2}))
+        else:
+            torch.save({**torch.load(later / name, weights_only=True), "format_version": 2}, later / name)
+        before = {p: p.read_bytes() for p in later.rglob("*") if p.is_file() and not p.name.startswith(".capsnet")}
+        capsys.readouterr()
+        assert main(["train", "--out", str(later), "--resume", "--epochs", "3", *QUIET]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{later / name}: format_version 2, written by a newer capsnet" in err[0], err
+        assert {p: p.read_bytes() for p in later.rglob("*") if p.is_file() and not p.name.startswith(".capsnet")} \
+            == before  # fmt: skip
 
 
 def test_a_state_of_another_model_is_one_line_naming_it(tmp_path, capsys):
@@ -192,13 +201,21 @@ def test_a_mid_epoch_state_resumes_only_under_the_processes_that_wrote_it(tmp_pa
     state = load_state(tmp_path / "run")
     assert state["batch_in_epoch"] == 2 and state["running_ranks"] == 1
     save_state(tmp_path / "run", {**state, "running_ranks": 2})
-    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file() and p.name != ".capsnet.lock"}
+    before = {
+        p: p.read_bytes()
+        for p in (tmp_path / "run").rglob("*")
+        if p.is_file() and p.name not in (".capsnet.lock", ".capsnet.pid")
+    }
     capsys.readouterr()
     assert main(["train", "--out", str(tmp_path / "run"), "--resume"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"capsnet train: error: {tmp_path / 'run' / 'state.pt'}: stopped in the middle of epoch 1 under 2 "
                    "process(es); resume it with 2 (torchrun --nproc-per-node 2), not 1"]  # fmt: skip
-    after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file() and p.name != ".capsnet.lock"}
+    after = {
+        p: p.read_bytes()
+        for p in (tmp_path / "run").rglob("*")
+        if p.is_file() and p.name not in (".capsnet.lock", ".capsnet.pid")
+    }
     assert after == before
     save_state(tmp_path / "run", state)  # as written by 1 process: it resumes
     assert main(["train", "--out", str(tmp_path / "run"), "--resume"]) == 0

@@ -18,7 +18,7 @@ from capsnet.models.efficient_capsnet import EfficientCapsNet, EfficientCapsNetC
 from capsnet.models.inverted_attention_capsnet import InvertedAttentionCapsNet
 from capsnet.models.registry import MODELS
 from capsnet.models.self_routing_capsnet import SelfRoutingCapsNet
-from capsnet.training.evaluate import evaluate
+from capsnet.training.evaluator import evaluate
 
 ROUTINGS = fully_connected()  # every --routing option of the registry, "dynamic" first
 
@@ -216,7 +216,7 @@ def test_efficient_capsnet_recipe_defaults():
     cfg = EfficientCapsNetConfig()
     assert (cfg.recon_weight, cfg.recon_reduction) == (0.392, "mean")
     assert EfficientCapsNet.default_lr == 5e-4 and EfficientCapsNet.default_lr_decay == 0.97
-    from capsnet.training.loop import TrainConfig
+    from capsnet.training.config import TrainConfig
 
     assert TrainConfig(model="efficient-capsnet").decay_per_epoch == 0.97
     assert TrainConfig(model="efficient-capsnet", lr_decay=0.5).decay_per_epoch == 0.5
@@ -351,7 +351,7 @@ def test_capsnet_models_lists_every_registered_model(capsys):
 
 @pytest.mark.parametrize("routing", ROUTINGS)
 def test_routing_figure_of_capsnet_with_each_routing(tmp_path, routing):
-    from capsnet.viz.figures import plot_routing
+    from capsnet.viz.routing import plot_routing
 
     pytest.importorskip("matplotlib")
     model = CapsNet(config=routing_config(routing)).eval()

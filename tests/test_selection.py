@@ -17,11 +17,11 @@ from torch import nn
 import capsnet
 from capsnet.cli import main
 from capsnet.errors import ConfigError
-from capsnet.training import resume
+from capsnet.training.api import train
 from capsnet.training.checkpoint import load_state, read_summary
+from capsnet.training.config import TrainConfig
 from capsnet.training.ema import WeightAverage
-from capsnet.training.loop import TrainConfig, train
-from capsnet.training.monitor import DEFAULT_MONITOR, Monitor
+from capsnet.training.selection import DEFAULT_MONITOR, Monitor
 
 MODEL, QUIET = TINY_RUN_FLAGS, QUIET_FLAGS
 
@@ -87,30 +87,6 @@ def test_best_is_what_the_monitor_picks_from_the_history_and_test_json_says_so(t
     assert best["epoch"] == expected[0] and best["monitor"] == (spec or DEFAULT_MONITOR)
 
 
-def test_a_run_recorded_without_a_monitor_resumes_choosing_on_validation_accuracy(tmp_path, rgb):
-    """A run of a capsnet before monitors: no `monitor` in its config.json nor in its best record. Resumed, it
-    keeps choosing best/ by validation accuracy (its own behaviour), whatever today's default is."""
-    out = tmp_path / "run"
-    assert _train(out, rgb, "--epochs", "1") == 0
-    meta = json.loads((out / "config.json").read_text())
-    del meta["train"]["monitor"]
-    (out / "config.json").write_text(json.dumps(meta))
-    state = torch.load(out / "state.pt", weights_only=True)
-    row = state["history"][0]
-    state["best"] = {"epoch": 1, "step": state["step"], "metric": "val_acc", "value": row["val_acc"]}
-    torch.save(state, out / "state.pt")
-    assert main(["train", "--out", str(out), "--resume", "--epochs", "3"]) == 0
-    assert json.loads((out / "config.json").read_text())["train"]["monitor"] == "val_accuracy"
-    report = json.loads((out / "test.json").read_text())
-    accs = [r["val_acc"] for r in load_state(out)["history"]]
-    assert report["monitor"] == "val_accuracy" and report["best"]["epoch"] == accs.index(max(accs)) + 1
-    with pytest.raises(
-        ConfigError, match="monitor='val_loss' conflicts with the run's recorded monitor='val_accuracy'"
-    ):
-        resume(out, monitor="val_loss", epochs=4)
-
-
-# ----------------------------------------------------------------------------------------------- the average
 def test_the_average_warms_up_then_decays_and_copies_the_buffers():
     model = nn.Sequential(nn.Linear(1, 1, bias=False), nn.BatchNorm1d(1))
     with torch.no_grad():

@@ -1,6 +1,6 @@
 """The weights that ship in the package: each folder's card records how it was made, and scoring the folder again on
 the data at hand reproduces the card's figures exactly (evaluation is deterministic on the CPU); and shipping a run
-(capsnet.training.ship) writes a card whose command trains the same run again."""
+(capsnet.tools.ship) writes a card whose command trains the same run again."""
 
 import json
 import shlex
@@ -17,9 +17,9 @@ from capsnet.data.split import stratified_holdout
 from capsnet.errors import CheckpointError, ConfigError
 from capsnet.models import hub
 from capsnet.models.registry import MODELS
+from capsnet.tools.ship import ship_card, ship_run
 from capsnet.training.checkpoint import checkpoint_info
-from capsnet.training.evaluate import evaluate
-from capsnet.training.ship import ship_card, ship_run
+from capsnet.training.evaluator import evaluate
 
 SHIPPED = [(name, tag) for name in MODELS for tag in hub.shipped_tags(name)]
 

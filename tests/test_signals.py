@@ -15,7 +15,7 @@ import pytest
 SCRIPT = """
 import sys, time
 from capsnet.cli import main
-from capsnet.training.tasks import ClassificationTask
+from capsnet.training.classification import ClassificationTask
 
 def evaluate(self, model, **kwargs):
     print("evaluating", flush=True)

@@ -14,9 +14,10 @@ from capsnet import CapsNet
 from capsnet.cli import main
 from capsnet.errors import ConfigError
 from capsnet.models.baseline import BaselineCNN
+from capsnet.training.api import train
+from capsnet.training.build import make_adam
 from capsnet.training.checkpoint import COLUMNS, load_state, read_summary
-from capsnet.training.config import LR_END
-from capsnet.training.loop import TrainConfig, make_adam, train
+from capsnet.training.config import LR_END, TrainConfig
 
 TINY = dict(train_subset=96, test_subset=64, batch_size=32, epochs=2, progress=False)
 

@@ -8,11 +8,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from capsnet.models.baseline import BaselineCNN, BaselineConfig
 from capsnet.models.registry import MODELS
-from capsnet.training import hardware
-from capsnet.training import tasks as tasks_module
+from capsnet.training import classification, hardware
+from capsnet.training.api import train
+from capsnet.training.build import build
 from capsnet.training.checkpoint import get_rng_states, load_state, set_rng_states
+from capsnet.training.config import TrainConfig
 from capsnet.training.distributed import DistInfo
-from capsnet.training.loop import EpochSums, TrainConfig, build, train, train_step
+from capsnet.training.loop import train_step
+from capsnet.training.state import EpochSums
 
 TINY = dict(train_subset=96, test_subset=64, batch_size=32, epochs=1, progress=False, tensorboard=False)
 SMALL_BASELINE = BaselineConfig(channels=(8, 8), hidden=(32, 16))
@@ -184,10 +187,10 @@ def test_staged_batches_equal_the_resident_ones(monkeypatch):
     from capsnet.data import load_dataset
 
     data = load_dataset("mnist-sample")
-    task = tasks_module.ClassificationTask(train=tasks_module.subset(data.train, 100), test=data.test, shift=2)
+    task = classification.ClassificationTask(train=classification.subset(data.train, 100), test=data.test, shift=2)
     kw = dict(epoch=1, batch_size=32, seed=3, rank=1, world_size=2, device=torch.device("cpu"), start=1)
     resident = list(task.batches(generator=torch.Generator().manual_seed(5), **kw))
-    monkeypatch.setattr(tasks_module, "fits_on_device", lambda nbytes, device: False)
+    monkeypatch.setattr(classification, "fits_on_device", lambda nbytes, device: False)
     task._resident.clear()
     staged = list(task.batches(generator=torch.Generator().manual_seed(5), **kw))
     assert task.on_device("train", torch.device("cpu")) is None and len(staged) == len(resident) == 1
@@ -197,9 +200,9 @@ def test_staged_batches_equal_the_resident_ones(monkeypatch):
 
 def test_data_moves_to_the_device_only_within_its_budget(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1000, 4000))
-    assert tasks_module.fits_on_device(250, torch.device("cuda"))
-    assert not tasks_module.fits_on_device(251, torch.device("cuda"))
-    assert tasks_module.fits_on_device(10**12, torch.device("cpu"))
+    assert classification.fits_on_device(250, torch.device("cuda"))
+    assert not classification.fits_on_device(251, torch.device("cuda"))
+    assert classification.fits_on_device(10**12, torch.device("cpu"))
 
 
 # ------------------------------------------------------------------------------------- resume, random states

@@ -12,20 +12,17 @@ from capsnet import CapsNet
 from capsnet.cli import main
 from capsnet.data import load_dataset
 from capsnet.errors import CapsNetError, CheckpointError
+from capsnet.training.checkpoint import resolve_checkpoint
+from capsnet.viz.common import distinct_classes, load_capsnet, run_folder_of, select_examples
 from capsnet.viz.figures import (
     PERTURBATION_OFFSETS,
     confusion_matrix,
-    distinct_classes,
-    load_capsnet,
     plot_confusion,
     plot_curves,
     plot_reconstructions,
-    resolve_checkpoint,
-    routing_maps,
-    run_folder_of,
-    select_examples,
     visualize,
 )
+from capsnet.viz.routing import routing_maps
 
 pytest.importorskip("matplotlib")
 Image = pytest.importorskip("PIL.Image")
@@ -298,8 +295,8 @@ def test_image_folders_are_read_at_the_models_recorded_size_and_channels(tmp_pat
     """The folder's images are 20x24 RGB; the model was trained on them converted to 16x16 grey: visualize converts
     them so, as evaluate does (the same function), instead of refusing the folder's own size."""
     from capsnet.data import standins
+    from capsnet.inference import evaluate_checkpoint
     from capsnet.models.baseline import BaselineCNN
-    from capsnet.training.evaluate import evaluate_checkpoint
 
     root = standins.write_image_folder(tmp_path / "imgs", per_class=4)
     BaselineCNN(in_channels=1, image_size=16, n_classes=3, channels=(4, 4), hidden=(8, 8)).save_pretrained(

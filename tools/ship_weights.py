@@ -2,7 +2,7 @@
 
     python tools/ship_weights.py RUN --tag TAG [--root DIR]
 
-Writes src/capsnet/models/weights/<model>/<tag>/ (or DIR/<model>/<tag>/): see capsnet.training.ship. Then run
+Writes src/capsnet/models/weights/<model>/<tag>/ (or DIR/<model>/<tag>/): see capsnet.tools.ship. Then run
 tests/test_shipped.py, which scores the folder again and must find the card's figures.
 """
 
@@ -11,7 +11,7 @@ import sys
 
 from capsnet.errors import CapsNetError
 from capsnet.models.hub import read_card
-from capsnet.training.ship import ship_run
+from capsnet.tools.ship import ship_run
 
 
 def main() -> int:

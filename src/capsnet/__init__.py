@@ -1,5 +1,8 @@
-"""capsnet: capsule networks for PyTorch: seven models and five routing algorithms, each checked against its
-authors' code (docs/fidelity.md).
+"""capsnet: capsule networks for PyTorch: the papers' models and routing algorithms, each checked against its
+authors' code (docs/fidelity.md; `capsnet models` lists them).
+
+From raw images: `capsnet.preprocess(model, images)` is what `model(x)` takes, `capsnet.predict(model, images)`
+classifies them and `capsnet.evaluate(model, data)` scores a data set (capsnet.inference, docs/inputs.md).
 
 The names below load on first use (PEP 562), so `import capsnet` and the command line's parser stay light:
 `capsnet.CapsNet` imports torch and the models the first time it is read.
@@ -7,14 +10,15 @@ The names below load on first use (PEP 562), so `import capsnet` and the command
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._lazy import lazy_attributes
 from ._version import __version__
 from .errors import CapsNetError, CheckpointError, ConfigError, DatasetError
 
 if TYPE_CHECKING:
     from .configs.capsnet import CapsNetConfig
+    from .inference import Ensemble, Prediction, evaluate, predict, preprocess
     from .models.capsnet import CapsNet, CapsNetOutput
     from .models.export import export_model
     from .models.factory import create_model, list_models
@@ -25,7 +29,7 @@ if TYPE_CHECKING:
     from .nn.primary import PrimaryCapsules
     from .nn.squash import Squash, squash
     from .routing.dynamic import Router, RoutingResult, dynamic_routing
-    from .training.fit import fit
+    from .training.api import fit
     from .viz.explore import explore
 
 # public name -> the module that defines it
@@ -48,22 +52,15 @@ _LAZY: dict[str, str] = {
     "Router": "routing.dynamic",
     "RoutingResult": "routing.dynamic",
     "dynamic_routing": "routing.dynamic",
-    "fit": "training.fit",
+    "fit": "training.api",
+    "preprocess": "inference",
+    "predict": "inference",
+    "evaluate": "inference",
+    "Prediction": "inference",
+    "Ensemble": "inference",
     "explore": "viz.explore",
 }
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'capsnet' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # the next read is a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [
@@ -75,7 +72,9 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "DatasetError",
+    "Ensemble",
     "MarginLoss",
+    "Prediction",
     "PrimaryCapsules",
     "Router",
     "RoutingResult",
@@ -84,11 +83,14 @@ __all__ = [
     "capsule_lengths",
     "create_model",
     "dynamic_routing",
+    "evaluate",
     "explore",
     "export_model",
     "fit",
     "list_models",
     "load_pretrained",
+    "predict",
+    "preprocess",
     "reconstruction_loss",
     "register_model",
     "squash",

@@ -1,8 +1,7 @@
 """Dataclass configs as plain dicts, and command-line flags generated from them.
 
 A config field becomes the flag `--field-name`; its help text comes from `field(metadata={"help": ...})`.
-Configs round-trip through JSON (`asdict` / `from_dict`), so loading a config never needs pickle. A config
-class may rename a field and keep reading the old key: `_renamed_keys = {"old": "new"}` (a DeprecationWarning).
+Configs round-trip through JSON (`asdict` / `from_dict`), so loading a config never needs pickle.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import json
 import math
 import types
 import typing
-import warnings
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -30,7 +28,6 @@ def from_dict(cls: type[T], data: dict[str, Any], *, what: str = "config") -> T:
     """Build dataclass `cls` from a plain dict, strictly: unknown keys and wrong types are errors."""
     if not isinstance(data, dict):
         raise ConfigError(f"{what}: expected a JSON object, got {type(data).__name__}")
-    data = _rename_keys(data, getattr(cls, "_renamed_keys", {}), what)
     fields = {f.name: f for f in dataclasses.fields(cast(Any, cls))}
     unknown = sorted(set(data) - set(fields))
     if unknown:
@@ -45,21 +42,6 @@ def from_dict(cls: type[T], data: dict[str, Any], *, what: str = "config") -> T:
         return cls(**values)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{what}: {e}") from None
-
-
-def _rename_keys(data: dict[str, Any], renamed: dict[str, str], what: str) -> dict[str, Any]:
-    """Map deprecated keys to their new names, with a DeprecationWarning naming the new key."""
-    old_keys = [k for k in renamed if k in data]
-    if not old_keys:
-        return data
-    data = dict(data)
-    for old in old_keys:
-        new = renamed[old]
-        if new in data:
-            raise ConfigError(f"{what}: both {old!r} and its new name {new!r} are given; keep only {new!r}")
-        warnings.warn(f"{what}: key {old!r} is deprecated, use {new!r}", DeprecationWarning, stacklevel=3)
-        data[new] = data.pop(old)
-    return data
 
 
 def _coerce(tp: Any, value: Any, where: str) -> Any:

@@ -12,7 +12,7 @@ class DatasetError(CapsNetError):
 
 
 class DownloadError(CapsNetError):
-    """A download failed on every try (:func:`capsnet.fetch.fetch_url`). `url` is what was fetched; `permanent`
+    """A download failed on every try (`capsnet.fetch.fetch_url`). `url` is what was fetched; `permanent`
     says that asking this URL again cannot help (HTTP 404, an unknown host), as opposed to running out of tries."""
 
     def __init__(self, message: str, *, url: str = "", permanent: bool = False):

@@ -2,7 +2,7 @@
 
     fetch_url(url, dest, md5=..., sha256=...) -> dest
 
-- Each try streams the body into a temporary file beside `dest` (:func:`capsnet.fileio.atomic_open`), which
+- Each try streams the body into a temporary file beside `dest` (`capsnet.fileio.atomic_open`), which
   replaces `dest` only once the whole body is in and checked: a failed, cut or interrupted (Ctrl-C, a kill) download
   never leaves a partial file at `dest`.
 - Checked: the bytes received against the Content-Length the server announced, then the MD5 / SHA-256 if given.
@@ -16,9 +16,10 @@
   Content-Length above it is refused before reading, and the bytes are counted as they arrive (a body that never
   ends stops at the limit). Neither is retried. Defaults: capsnet.limits.
 - Several processes that fetch the same `dest` at once (torchrun ranks on one machine, parallel jobs sharing a
-  cache) take turns on a lock file beside it (:func:`file_lock`); the first downloads, the others find `dest` there.
+  cache) take turns on a lock file beside it (filelock.FileLock, `.NAME.lock`); the first downloads, the others find
+  `dest` there.
 
-Failing every try raises :class:`capsnet.errors.DownloadError`, one line naming the URL and why each try failed.
+Failing every try raises `capsnet.errors.DownloadError`, one line naming the URL and why each try failed.
 An error of the local file system (a read-only folder, a full disk) is not retried: it propagates as the OSError.
 
 May import: the other foundation modules (errors, fileio, _version); nothing above them.
@@ -27,7 +28,6 @@ May import: the other foundation modules (errors, fileio, _version); nothing abo
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import http.client
 import os
@@ -38,6 +38,8 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from filelock import FileLock
 
 from ._version import __version__
 from .errors import DownloadError
@@ -80,7 +82,7 @@ def fetch_url(
     if dest.is_file() and _matches(dest, md5, sha256):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(dest.parent / f".{dest.name}.lock"):
+    with FileLock(dest.parent / f".{dest.name}.lock"):  # (the lock file stays: removing it could split waiters)
         if dest.is_file() and _matches(dest, md5, sha256):  # (fetched meanwhile by another process)
             return dest
         reasons: list[str] = []
@@ -259,49 +261,12 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "capsnet"
 
 
-@contextlib.contextmanager
-def file_lock(path: str | os.PathLike) -> Iterator[None]:
-    """Hold an exclusive lock on the file `path` (created if need be, removed on release) while the block runs;
-    other processes and threads that ask for it wait. A lock dies with its process, so a killed holder never leaves
-    a stale one. Where the OS offers no `flock` (Windows) the block runs unlocked."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    path = os.fspath(path)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            # The holder before us removes the file on release: if `path` is no longer the file we locked, another
-            # process may hold a fresh one; ask again.
-            if os.fstat(fd).st_ino == os.stat(path).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        except OSError as e:  # pragma: no cover - a file system without locks: run unlocked
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
-                os.close(fd)
-                raise
-            break
-        os.close(fd)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # before the unlock, so a waiter that gets the lock next sees the file is gone
-        os.close(fd)
-
-
 __all__ = [
     "BACKOFF_S",
     "RETRIES",
     "TIMEOUT_S",
-    "DownloadError",
     "cache_root",
     "fetch_url",
     "file_digest",
-    "file_lock",
     "url_problem",
 ]

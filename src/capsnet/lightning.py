@@ -1,4 +1,4 @@
-"""A capsnet model in a Lightning `Trainer`: :class:`CapsuleModule` wraps any registered model with its own loss,
+"""A capsnet model in a Lightning `Trainer`: `CapsuleModule` wraps any registered model with its own loss,
 its input recipe and its metrics (the `lightning` extra).
 
     module = CapsuleModule(capsnet.create_model("capsnet"), augment="shift=2")   # the paper's MNIST shift
@@ -30,8 +30,9 @@ from .config import from_dict, to_dict
 from .data.imageaug import AugmentSpec
 from .errors import ConfigError
 from .models.pretrained import Pretrained
-from .models.recipe import model_input, recipe_of, to_unit
+from .models.recipe import model_input, recipe_of
 from .models.registry import model_class
+from .pixels import to_float
 
 try:
     import lightning
@@ -78,7 +79,7 @@ class CapsuleModule(lightning.LightningModule):
         """The model's input [B, C, h, w] for raw images: the recipe's values, then in training the augmentation
         (its random crops from the recipe's source size), else the recipe's centre crop."""
         if train and self.augment is not None:
-            return self.augment(recipe_of(self.model).scale(to_unit(images)))
+            return self.augment(recipe_of(self.model).scale(to_float(images)))
         return model_input(self.model, images)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:

@@ -11,14 +11,10 @@ from __future__ import annotations
 
 # Config files (config.json, YAML --config, card.json): a real one is a few KB.
 CONFIG_FILE_BYTES = 1 << 20  # 1 MiB
-# JSON/YAML nesting: configs are 3 levels deep; a deeper document is refused before Python's recursion limit.
-CONFIG_DEPTH = 32
 # Model and data-set sizes a config or a data file may declare. ImageNet has 1,000 classes; 100,000 leaves room.
 MAX_CLASSES = 100_000
 # The side of an input image a model or an image folder may be built for (an image of 4096 × 4096 pixels).
 MAX_IMAGE_SIDE = 4096
-# Any other integer of a model config (channels, capsule counts and sizes, routing iterations, hidden units).
-MAX_CONFIG_INT = 1 << 20
 # Parameters of a model a config.json describes (counted on the meta device before it is built): 500 million,
 # 2 GB of float32; the largest model here has about 25 million.
 MAX_PARAMETERS = 500_000_000
@@ -58,7 +54,6 @@ def array_too_large(elements: int, itemsize: int, file_bytes: int) -> str | None
 
 
 __all__ = [
-    "CONFIG_DEPTH",
     "CONFIG_DOWNLOAD_DEADLINE_S",
     "CONFIG_FILE_BYTES",
     "DOWNLOAD_DEADLINE_S",
@@ -67,7 +62,6 @@ __all__ = [
     "MAX_ARRAY_ELEMENTS",
     "MAX_CLASSES",
     "MAX_CONFIG_DOWNLOAD_BYTES",
-    "MAX_CONFIG_INT",
     "MAX_DOWNLOAD_BYTES",
     "MAX_EXPANSION",
     "MAX_HUB_FILES",

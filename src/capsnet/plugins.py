@@ -7,7 +7,7 @@ it names a model class, as `register_model` takes it). docs/plugins.md shows a w
 The entry points are read only when a name that capsnet does not define is looked up, or when every name is
 listed (`capsnet models`, `capsnet compare`), never at start-up: `capsnet --help` reads none. The metadata is read
 afresh each time (a distribution installed while a process runs is seen); what a plugin's module loads is kept.
-A plugin that fails to import, or that two distributions declare, is a :class:`PluginError`: one line naming it.
+A plugin that fails to import, or that two distributions declare, is a `PluginError`: one line naming it.
 
 Torch-free: reading the names imports nothing; loading a plugin imports what the plugin imports.
 """

@@ -1,7 +1,7 @@
 """The `capsnet` command line: one module per subcommand in this package, each registering its own parser.
 
-The error boundary (:func:`main`): every failure that comes from the input ends as one line on stderr and exit
-status 2 (:func:`input_error_line`): an error capsnet raises on purpose (`CapsNetError`), a file that cannot be read
+The error boundary (`main`): every failure that comes from the input ends as one line on stderr and exit
+status 2 (`input_error_line`): an error capsnet raises on purpose (`CapsNetError`), a file that cannot be read
 or written (`OSError`, with its path and the system's words: "Permission denied", "No space left on device"),
 running out of memory (host or GPU), text that does not decode, and an image past Pillow's decompression-bomb guard.
 Any other exception is a bug and keeps its traceback. With `CAPSNET_DEBUG=1` in the environment every error prints
@@ -107,7 +107,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     the others are one line each in `capsnet --help`. Without, every subcommand is built."""
     parser = _Parser(
         prog="capsnet",
-        description="Capsule networks for PyTorch: seven models, five routing algorithms, each checked against its "
+        description="Capsule networks for PyTorch: the papers' models and routing algorithms, each checked against its "
         "authors' code.",
     )
     parser.add_argument("--version", action="version", version=f"capsnet {__version__}")

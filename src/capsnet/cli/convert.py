@@ -1,6 +1,6 @@
 """`capsnet convert FORMAT WEIGHTS --out DIR`: published weights as a capsnet save_pretrained folder.
 
-The formats are those of :data:`capsnet.models.converters.CONVERTERS`, each a subcommand with its own options
+The formats are those of `capsnet.models.converters.CONVERTERS`, each a subcommand with its own options
 (`capsnet convert FORMAT --help`). The folder loads with `capsnet.load_pretrained(DIR)` and works with
 `capsnet evaluate --checkpoint DIR` and `capsnet predict --checkpoint DIR`.
 """

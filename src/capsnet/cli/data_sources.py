@@ -1,5 +1,5 @@
 """`capsnet data info|check` for the sources beyond MNIST-format IDX files: .npz, CIFAR, SVHN, smallNORB and image
-folders. Used by :mod:`capsnet.cli.data`."""
+folders. Used by `capsnet.cli.data`."""
 
 from __future__ import annotations
 

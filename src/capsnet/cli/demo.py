@@ -22,9 +22,11 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..inference import evaluate_checkpoint
+    from ..training.api import train
     from ..training.checkpoint import STATE_NAME, load_state
-    from ..training.evaluate import evaluate_checkpoint
-    from ..training.loop import TrainConfig, resolve_device, train
+    from ..training.config import TrainConfig
+    from ..training.hardware import resolve_device
 
     if args.epochs < 1:
         raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")

@@ -24,7 +24,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training.evaluate import describe_scored, evaluate_checkpoint
+    from ..inference import evaluate_checkpoint
+    from ..training.checkpoint_data import describe_scored
 
     paths = model_paths(args)
     r = evaluate_checkpoint(

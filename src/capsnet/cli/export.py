@@ -1,5 +1,5 @@
 """`capsnet export`: a trained model as an ONNX file (`.onnx`) or a torch.export program (`.pt2`), checked against
-the PyTorch model (:mod:`capsnet.models.export`)."""
+the PyTorch model (`capsnet.models.export`)."""
 
 from __future__ import annotations
 

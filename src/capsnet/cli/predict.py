@@ -17,13 +17,13 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..inference import predict
     from ..models.pretrained import load_pretrained
     from ..training.checkpoint import resolve_checkpoint
-    from ..training.evaluate import predict
 
     (path,) = model_paths(args)
     model = load_pretrained(resolve_checkpoint(path))
-    for r in predict(model, args.images):
+    for r in predict(model, args.images).rows(args.images):
         if args.json:
             print(json.dumps(r))
         else:

@@ -2,7 +2,7 @@
 with a README.md model card made from how it was trained (capsnet.models.model_card).
 
 PATH is a finished training run (its validation-chosen best/, with the card `tools/ship_weights.py` would write:
-capsnet.training.ship.ship_card, and the run's seed), a folder with a card.json (shipped weights), or a plain
+capsnet.tools.ship.ship_card, and the run's seed), a folder with a card.json (shipped weights), or a plain
 save_pretrained folder (a card that claims no figure). The folder is loaded first, with every check of a load: what
 goes up loads back. The token is huggingface_hub's (HF_TOKEN, `hf auth login`).
 """
@@ -61,16 +61,15 @@ def checkpoint_card(path: Path) -> tuple[Path, dict[str, Any] | None]:
     """The folder to publish and its card: a run's best/ and its ship card (with the run's seed), a folder and its
     card.json (the seed its command sets), or a folder without a card (None)."""
     from ..models.hub import read_card
+    from ..tools.ship import ship_card
     from ..training.checkpoint import resolve_checkpoint
-    from ..training.config import upgrade_train_dict
-    from ..training.ship import ship_card
 
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a folder (give a finished training run or a save_pretrained folder)")
     record = _run_record(path)
     if record is not None:
         card = ship_card(path)  # (CheckpointError for a run that did not finish or did not validate)
-        return path / "best", {**card, "seeds": [int(upgrade_train_dict(record["train"]).get("seed", 0))]}
+        return path / "best", {**card, "seeds": [int(record["train"].get("seed", 0))]}
     folder = resolve_checkpoint(path)
     shipped = read_card(folder)
     return folder, None if shipped is None else {**shipped, "seeds": [_command_seed(str(shipped["command"]))]}

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..experiments import fashion_mnist, image_sets
 from ..experiments.reproduce import EXPERIMENTS, format_table, run_experiment, setting_for
-from ..training.loop import resolve_device
+from ..training.hardware import resolve_device
 
 
 def register(subparsers) -> None:

@@ -147,12 +147,11 @@ def configs_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Any]:
     config = dataclass_from_args(TrainConfig, args, base)
     config_class = MODELS[config.model].config_class
     takes = {f.name for f in dataclasses.fields(config_class)}
-    old_keys = set(getattr(config_class, "_renamed_keys", {}))  # deprecated names a config file may still use
     for name in model_flags(args):
         if getattr(args, name, None) is not None and name not in takes:
             _reject(f"--{name.replace('_', '-')}", config.model, config_class)
     for key in model_base:
-        if key not in takes | old_keys:
+        if key not in takes:
             _reject(f"{args.config_file}: model key {key!r}", config.model, config_class)
     # The data set fills in the data fields (TrainConfig.image_size, a conversion, is not the model's image_size).
     model_args = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in DATA_FIELDS})
@@ -206,9 +205,9 @@ def run_folder(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..training.api import train
+    from ..training.callbacks import describe_selection
     from ..training.checkpoint import STATE_NAME
-    from ..training.loop import train
-    from ..training.progress import describe_selection
     from ..training.record import read_record
 
     run_dir = run_folder(args)

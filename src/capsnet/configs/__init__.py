@@ -1,5 +1,5 @@
 """The config dataclasses of the built-in models, in torch-free modules (one per model), and what they share
-(:mod:`capsnet.configs.base`). The models (capsnet.models) build from them; the command line's parser reads their
+(`capsnet.configs.base`). The models (capsnet.models) build from them; the command line's parser reads their
 fields and help texts without importing torch.
 
 May import: the foundation modules; never nn, routing, models or above.

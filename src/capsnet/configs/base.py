@@ -23,7 +23,7 @@ TRAINED_MIN_VAR = 1e-2
 @dataclass(kw_only=True)
 class RecordedData:
     """Config fields that describe the data a model was trained on rather than its architecture: the training
-    task (capsnet.training.tasks) fills them in from the data set, and predict, evaluate and visualize read them.
+    task (capsnet.training.tasks.Task) fills them in from the data set, and predict, evaluate and visualize read them.
     A model config inherits them (keyword-only, so its own fields keep their positions) and calls
     `_check_recorded(n_classes)` in its `__post_init__`."""
 

@@ -18,7 +18,7 @@ from .base import (
 
 @dataclass
 class BaselineConfig(RecordedData):
-    """Hyper-parameters of :class:`BaselineCNN`; the defaults are the paper's MNIST baseline (35.4M parameters)."""
+    """Hyper-parameters of `BaselineCNN`; the defaults are the paper's MNIST baseline (35.4M parameters)."""
 
     in_channels: int = field(default=1, metadata={"help": "input image channels"})
     image_size: int | tuple[int, ...] = field(

@@ -6,7 +6,7 @@ Torch-free, so that `capsnet train --help` builds its flags without importing to
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Literal
 
 from ..errors import ConfigError
 from .base import (
@@ -21,7 +21,7 @@ from .routings import DEFAULT_ROUTING, ROUTINGS, RoutingRecord, routing_help, ro
 
 @dataclass
 class CapsNetConfig(RecordedData):
-    """Hyper-parameters of :class:`CapsNet`; the defaults are the paper's MNIST model."""
+    """Hyper-parameters of `CapsNet`; the defaults are the paper's MNIST model."""
 
     in_channels: int = field(default=1, metadata={"help": "input image channels"})
     image_size: int | tuple[int, ...] = field(
@@ -112,9 +112,6 @@ class CapsNetConfig(RecordedData):
         metadata={"help": "axis of the coupling softmax (Eq. 3): outputs (paper) or inputs (gram-ai/"
                   "capsule-networks' computation; dynamic routing only)"},
     )  # fmt: skip
-
-    # Keys of older config.json files (capsnet 0.1.0), read by capsnet.config.from_dict with a DeprecationWarning.
-    _renamed_keys: ClassVar[dict[str, str]] = {"digit_dim": "class_dim"}
 
     def __post_init__(self) -> None:
         record = routing_record(self.routing)  # (a plugin's routing is loaded here)

@@ -13,7 +13,7 @@ from .base import RecordedData, conv_output_size, register_config
 
 @dataclass
 class ClusterCapsNetConfig(RecordedData):
-    """Hyper-parameters of :class:`ClusterCapsNet`; defaults: the authors' CIFAR-10 model (C 4, K 8, D 24)."""
+    """Hyper-parameters of `ClusterCapsNet`; defaults: the authors' CIFAR-10 model (C 4, K 8, D 24)."""
 
     in_channels: int = field(default=3, metadata={"help": "input image channels"})
     image_size: int = field(default=32, metadata={"help": "input image height and width"})

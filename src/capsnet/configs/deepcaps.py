@@ -15,7 +15,7 @@ from .base import RecordedData, register_config
 
 @dataclass
 class DeepCapsConfig(RecordedData):
-    """Hyper-parameters of :class:`DeepCaps`; the defaults are the authors' 28×28 network."""
+    """Hyper-parameters of `DeepCaps`; the defaults are the authors' 28×28 network."""
 
     in_channels: int = field(default=1, metadata={"help": "input image channels"})
     image_size: int = field(default=28, metadata={"help": "input image height and width"})

@@ -19,7 +19,7 @@ from .base import (
 
 @dataclass
 class EfficientCapsNetConfig(RecordedData):
-    """Hyper-parameters of :class:`EfficientCapsNet`; the defaults are the authors' MNIST model."""
+    """Hyper-parameters of `EfficientCapsNet`; the defaults are the authors' MNIST model."""
 
     in_channels: int = field(default=1, metadata={"help": "input image channels"})
     image_size: int = field(default=28, metadata={"help": "input image height and width"})

@@ -19,7 +19,7 @@ from .base import (
 
 @dataclass
 class EMCapsNetConfig(RecordedData):
-    """Hyper-parameters of :class:`EMCapsNet`; the defaults are the paper's smallNORB model (A=B=C=D=32)."""
+    """Hyper-parameters of `EMCapsNet`; the defaults are the paper's smallNORB model (A=B=C=D=32)."""
 
     in_channels: int = field(default=1, metadata={"help": "input image channels"})
     image_size: int = field(default=32, metadata={"help": "input image height and width"})

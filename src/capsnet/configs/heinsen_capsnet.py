@@ -18,7 +18,7 @@ STRIDES = (1, 2, 1, 2, 1, 2)
 
 @dataclass
 class HeinsenCapsNetConfig(RecordedData):
-    """Hyper-parameters of :class:`HeinsenCapsNet`; the defaults are the authors' smallNORB model (96×96 stereo
+    """Hyper-parameters of `HeinsenCapsNet`; the defaults are the authors' smallNORB model (96×96 stereo
     pairs, 64 parts, 64 channels)."""
 
     in_channels: int = field(default=2, metadata={"help": "input image channels (smallNORB: the stereo pair)"})

@@ -18,7 +18,7 @@ from .base import (
 
 @dataclass
 class HVCCapsNetConfig(RecordedData):
-    """Hyper-parameters of :class:`HVCCapsNet`; the defaults are the paper's MNIST network."""
+    """Hyper-parameters of `HVCCapsNet`; the defaults are the paper's MNIST network."""
 
     in_channels: int = field(default=1, metadata={"help": "input image channels"})
     image_size: int | tuple[int, ...] = field(

@@ -20,7 +20,7 @@ from .base import (
 
 @dataclass
 class InvertedAttentionCapsNetConfig(RecordedData):
-    """Hyper-parameters of :class:`InvertedAttentionCapsNet`; defaults: Tsai et al.'s CIFAR-10 simple-backbone model."""
+    """Hyper-parameters of `InvertedAttentionCapsNet`; defaults: Tsai et al.'s CIFAR-10 simple-backbone model."""
 
     in_channels: int = field(default=3, metadata={"help": "input image channels"})
     image_size: int = field(default=32, metadata={"help": "input image height and width"})

@@ -5,11 +5,11 @@ factory, so listing the names imports no torch), its paper and equations, whethe
 iterations, whether it has activations, how a model reads class probabilities from it, its fast paths, and the
 CapsNet options only it takes. Everything that lists or builds routings reads it: CapsNetConfig's validation,
 `capsnet train --routing`'s help, CapsNet's class-capsule layer (capsnet.routing.registry builds it), `capsnet
-compare`, `capsnet models` and docs/models.md's table (:func:`routing_table`; a test compares them).
+compare`, `capsnet models` and docs/models.md's table (`routing_table`; a test compares them).
 
 Adding a routing to capsnet is one record in ROUTINGS (docs/plugins.md). A routing of one's own, in another
 distribution, is an entry point in the group `capsnet.routings` (capsnet.plugins): its record is made from the
-attributes its class or factory declares (:func:`plugin_record`), read when its name is first looked up.
+attributes its class or factory declares (`plugin_record`), read when its name is first looked up.
 
 May import: the foundation modules only.
 """

@@ -19,7 +19,7 @@ from .base import (
 
 @dataclass
 class SelfRoutingCapsNetConfig(RecordedData):
-    """Hyper-parameters of :class:`SelfRoutingCapsNet`; defaults: the authors' CIFAR-10 model (ResNet-20 backbone)."""
+    """Hyper-parameters of `SelfRoutingCapsNet`; defaults: the authors' CIFAR-10 model (ResNet-20 backbone)."""
 
     in_channels: int = field(default=3, metadata={"help": "input image channels"})
     image_size: int = field(default=32, metadata={"help": "input image height and width"})

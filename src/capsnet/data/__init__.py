@@ -12,14 +12,14 @@ from .._lazy import lazy_attributes
 if TYPE_CHECKING:
     from .augment import affine_warp, place_on_canvas, random_affine, random_shift
     from .batching import iterate_batches, num_batches, shard_indices
-    from .datasets import BUNDLED, load_dataset, resolve
-    from .download import DATASETS, FILE_NAMES, cache_root
+    from .datasets import load_dataset, resolve
+    from .download import BUNDLED, DATASETS, FILE_NAMES, cache_root
     from .folder import load_folder
     from .idx import find_files, read_idx
     from .imageaug import AugmentSpec
     from .smallnorb import read_matrix
     from .sources import detect as detect_format
-    from .split import Dataset, Split, to_float
+    from .split import Dataset, Split
 
 # Each name imports its module at its first read (torch-free modules of the package load without torch).
 __getattr__, __dir__ = lazy_attributes(
@@ -32,7 +32,7 @@ __getattr__, __dir__ = lazy_attributes(
         "iterate_batches": "batching",
         "num_batches": "batching",
         "shard_indices": "batching",
-        "BUNDLED": "datasets",
+        "BUNDLED": "download",
         "load_dataset": "datasets",
         "resolve": "datasets",
         "DATASETS": "download",
@@ -46,7 +46,6 @@ __getattr__, __dir__ = lazy_attributes(
         "detect_format": "sources:detect",
         "Dataset": "split",
         "Split": "split",
-        "to_float": "split",
     },
 )
 
@@ -72,5 +71,4 @@ __all__ = [
     "read_matrix",
     "resolve",
     "shard_indices",
-    "to_float",
 ]

@@ -1,4 +1,4 @@
-"""Shared checks of the array readers (NumPy, CIFAR, SVHN, smallNORB): bytes in, a checked :class:`Dataset` out."""
+"""Shared checks of the array readers (NumPy, CIFAR, SVHN, smallNORB): bytes in, a checked `Dataset` out."""
 
 from __future__ import annotations
 

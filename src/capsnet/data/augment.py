@@ -1,8 +1,8 @@
 """Batch augmentation with plain torch ops (no torchvision), vectorized over the batch.
 
 Two geometric primitives, used by the augmentations here and by the experiments' data (MultiMNIST pairs, expanded
-MNIST, the affNIST-style test set): :func:`place_on_canvas` (integer translation, one gather) and
-:func:`affine_warp` (bilinear affine warp). The random functions run on the device of `x` and are reproducible
+MNIST, the affNIST-style test set): `place_on_canvas` (integer translation, one gather) and
+`affine_warp` (bilinear affine warp). The random functions run on the device of `x` and are reproducible
 under a seeded `torch.Generator` (random numbers are drawn on the generator's device, then moved to `x`'s).
 """
 
@@ -69,7 +69,7 @@ def random_shift(
     """Translate each image by its own random integer offset in [-max_shift, max_shift] on both axes (the paper's
     only augmentation, max_shift=2, §5).
 
-    Pixels shifted in from outside take `fill`: "border", the image's own background (:func:`border_fill`: 0 for
+    Pixels shifted in from outside take `fill`: "border", the image's own background (`border_fill`: 0 for
     every MNIST digit, where this is the paper's zero padding), or "zero". Zeros on a coloured background draw a
     black bar of a random width along two sides of every training image, which stopped every model learning an easy
     set of coloured shapes (docs/fidelity.md, "Shift padding").

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from .split import Split, to_float
+from ..pixels import to_float
+from .split import Split
 
 
 def num_batches(n: int, *, batch_size: int, world_size: int = 1, drop_last: bool = False) -> int:

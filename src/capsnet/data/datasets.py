@@ -1,6 +1,6 @@
 """Finding and loading data sets: a folder or file, the bundled sample, or a known set from the cache or its mirrors.
 
-A path is read by the reader its content calls for (:mod:`capsnet.data.sources`): MNIST-format IDX files
+A path is read by the reader its content calls for (`capsnet.data.sources`): MNIST-format IDX files
 (`train-images-idx3-ubyte`, ... each optionally gzipped), a .npz, CIFAR-10/100 binary files, SVHN .mat files,
 smallNORB binary matrices, or a folder of class folders of images. Sets are held in memory (large image folders
 memory-mapped) as uint8 tensors and converted to float on the training device, batch by batch.
@@ -133,7 +133,7 @@ def load_dataset(
     """Load a data set: a folder or .npz (`data_dir`, or `name_or_dir` if it is one), the bundled
     "mnist-sample", or a known set ("mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "svhn",
     "smallnorb") from the cache, a system folder or, failing those and if `download`, from its mirrors into the
-    cache. `options` go to the reader (:func:`capsnet.data.sources.load`): for image folders image_size ("H" or
+    cache. `options` go to the reader (`capsnet.data.sources.load`): for image folders image_size ("H" or
     "HxW"), channels (1|3), test_fraction, seed, strict; for SVHN extra=True."""
     name, folder, source = resolve(name_or_dir, data_dir=data_dir, cache_dir=cache_dir)
     # Optional files the options ask for (SVHN's extra): fetched into the cache folder when it lacks them.

@@ -1,6 +1,6 @@
 """Known downloadable data sets, their checksums and mirrors, and how a set is downloaded into the cache.
 
-Each file comes through :func:`capsnet.fetch.fetch_url` (urllib only): checked against its Content-Length and MD5
+Each file comes through `capsnet.fetch.fetch_url` (urllib only): checked against its Content-Length and MD5
 before it lands in the cache, written atomically (a failed or killed download never leaves a partial file),
 retried TRIES_PER_MIRROR times with backoff on any fault another try may get past (a dropped connection, a cut
 body, a timeout, wrong bytes), then fetched from the next mirror. A set is downloaded by one process at a time
@@ -15,9 +15,11 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
 from ..errors import ConfigError, DatasetError, DownloadError
 from ..fetch import cache_root as cache_root  # (capsnet's cache folder: data sets and pretrained weights)
-from ..fetch import fetch_url, file_digest, file_lock, url_problem
+from ..fetch import fetch_url, file_digest, url_problem
 from ..fileio import atomic_open
 
 # The four files of an MNIST-format data set, in the order they are fetched and listed.
@@ -235,7 +237,7 @@ def download(
     the files there and fetches nothing."""
     urls = mirror_list(name, mirrors)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(folder.parent / f".{folder.name}.lock"):
+    with FileLock(folder.parent / f".{folder.name}.lock"):
         for file_name, md5 in {**DATASETS[name]["files"], **(optional or {})}.items():
             dest = folder / file_name
             members = DATASETS[name].get("extract", {}).get(file_name)

@@ -23,7 +23,6 @@ import hashlib
 import itertools
 import json
 import os
-import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +34,7 @@ from ..configs.base import parse_size as parse_size
 from ..errors import CapsNetError, DatasetError
 from ..fileio import atomic_open, temporary_beside
 from ..limits import MAX_ARRAY_ELEMENTS
+from ..logs import LOGGER
 from .arrays import finish
 from .download import cache_root
 from .images import check_pixels
@@ -95,7 +95,7 @@ def _list_classes(folder: Path) -> dict[str, list[Path]]:
 
 
 def class_names(root: str | os.PathLike) -> list[str]:
-    """The class names of the image folder `root` (its training class folders, sorted) as :func:`load_folder` names
+    """The class names of the image folder `root` (its training class folders, sorted) as `load_folder` names
     them, from listing the folders alone: no image is opened."""
     return sorted(_list_classes(split_dirs(Path(root))[0]))
 
@@ -186,8 +186,8 @@ def _warn_skipped(skipped: list[str], strict: bool, root: Path) -> None:
     first = ", ".join(skipped[:3]) + (f" (+{len(skipped) - 3} more)" if len(skipped) > 3 else "")
     if strict:
         raise DatasetError(f"{root}: {len(skipped)} unreadable image file(s): {first}")
-    print(f"capsnet: warning: skipped {len(skipped)} unreadable image file(s) in {root}: {first} "
-          "(--strict makes this an error)", file=sys.stderr, flush=True)  # fmt: skip
+    LOGGER.warning(f"capsnet: warning: skipped {len(skipped)} unreadable image file(s) in {root}: {first} "
+                   "(--strict makes this an error)")  # fmt: skip
 
 
 def _decode_all(files, size, channels, workers, dest: Path | None) -> tuple[np.ndarray, np.ndarray]:
@@ -282,7 +282,7 @@ def load_folder(
     source: str | None = None,
     val_fraction: float | None = None,
 ):
-    """Load an image folder as a :class:`Dataset` (see the module docstring for the layouts and options).
+    """Load an image folder as a `Dataset` (see the module docstring for the layouts and options).
 
     `val_fraction` is the deprecated name of `test_fraction` (the share of each class held out for *testing* when
     the folder has no test split); a validation split is held out of the training split by the training task."""

@@ -2,10 +2,10 @@
 
 Every function takes float images [B, C, H, W] and a `torch.Generator` (random numbers are drawn on the
 generator's device, then moved to the images'), so a seeded generator gives the same result on every run; at zero
-strength each is the identity. :class:`AugmentSpec` combines them in the order of the official CapsNet code's
+strength each is the identity. `AugmentSpec` combines them in the order of the official CapsNet code's
 CIFAR-10 input pipeline (github.com/Sarasra/models, research/capsules/input_data/cifar10): random crop, flip,
 brightness, contrast; then (in the model: `standardize`) per-image standardization. At test time the images are
-centre-cropped to the crop size (:func:`center_crop`, applied by :func:`capsnet.training.evaluate.evaluate`).
+centre-cropped to the crop size (`center_crop`, applied by the model's input recipe, capsnet.models.recipe).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def random_crop(x: torch.Tensor, size: tuple[int, int], *, generator: torch.Gene
 
 
 def center_crop(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """The central size[0]×size[1] window (the test-time counterpart of :func:`random_crop`)."""
+    """The central size[0]×size[1] window (the test-time counterpart of `random_crop`)."""
     h, w = x.shape[-2:]
     ch, cw = size
     if ch > h or cw > w:
@@ -264,7 +264,7 @@ def resolve_augment(text: str, kind: str, *, shift: int = 2, recipes: dict[str, 
                     ) -> AugmentSpec:  # fmt: skip
     """ "auto": the model's own recipe for data format `kind` (`recipes`, a model class's `data_recipes`), else
     the format's default, its 2 px shift replaced by `shift` (TrainConfig.shift); otherwise
-    :meth:`AugmentSpec.parse`."""
+    `AugmentSpec.parse`."""
     if text != "auto":
         return AugmentSpec.parse(text)
     recipe = (recipes or {}).get(kind, {}).get("augment")

@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..errors import CapsNetError, DatasetError
 from ..limits import MAX_IMAGE_PIXELS
+from ..pixels import to_float
 from .mnist_form import mnist_form
-from .split import to_float
 
 
-def _open_image(path: str | Path, channels: int):
-    """The image at `path` as a Pillow image in mode L (channels 1) or RGB; DatasetError if it is not readable."""
+def _open_image(path: str | Path | Any, channels: int):
+    """The image at `path` (or a Pillow image given as it is) as a Pillow image in mode L (channels 1) or RGB;
+    DatasetError if it is not readable."""
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError:
         raise CapsNetError("capsnet predict needs Pillow: pip install 'capsnet[images]'") from None
+    if isinstance(path, Image.Image):
+        check_pixels("an image", path.size)
+        return path.convert("L" if channels == 1 else "RGB")
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: no such image file")
@@ -56,7 +61,7 @@ def image_hw(path: str | Path) -> tuple[int, int]:
 
 def load_image(path: str | Path, *, size: int = 28, channels: int = 1) -> torch.Tensor:
     """Read a picture of a digit into the model's input [C, size, size] in [0, 1], MNIST-style: LeCun et al.'s
-    procedure (:func:`capsnet.data.mnist_form.mnist_form`): the paper and its uneven light removed, the ink kept,
+    procedure (`capsnet.data.mnist_form.mnist_form`): the paper and its uneven light removed, the ink kept,
     cropped to it, fitted in a 20/28 box keeping its aspect and centred by its centre of mass, white on black
     (three channels: the same grey in each). Its pixels are rounded to 0..255, as an image file's are."""
     digit = mnist_form(_open_image(path, 1), size=size)  # [size, size] in [0, 1]
@@ -66,7 +71,7 @@ def load_image(path: str | Path, *, size: int = 28, channels: int = 1) -> torch.
 
 def load_image_resized(path: str | Path, *, size: tuple[int, int], channels: int) -> torch.Tensor:
     """Read an image into [C, H, W] in [0, 1] as the image-folder reader converts training images: mode to L or
-    RGB, resized (bilinear) to `size` (H, W). No inversion or boxing (that is :func:`load_image`, for digits)."""
+    RGB, resized (bilinear) to `size` (H, W). No inversion or boxing (that is `load_image`, for digits)."""
     from PIL import Image
 
     img = _open_image(path, channels)

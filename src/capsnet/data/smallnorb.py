@@ -78,7 +78,7 @@ def detect(folder: Path) -> bool:
 
 def downsample(images: np.ndarray, size: int = SIZE) -> np.ndarray:
     """uint8 [N, C, H, W] -> [N, C, size, size] by averaging (H/size)×(W/size) blocks (H, W multiples of size),
-    or else by :func:`resize_bilinear`."""
+    or else by `resize_bilinear`."""
     n, c, h, w = images.shape
     if (h, w) == (size, size):
         return images

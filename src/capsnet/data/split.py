@@ -11,12 +11,6 @@ import torch
 from ..errors import DatasetError
 
 
-def to_float(images: torch.Tensor) -> torch.Tensor:
-    """Images as float32 in [0, 1]: uint8 pixels are divided by 255 (on their device); float images pass through
-    as float32."""
-    return images.float().div_(255.0) if images.dtype == torch.uint8 else images.float()
-
-
 @dataclass(frozen=True)
 class Split:
     """One split in memory: uint8 images [N, C, H, W] and int64 labels [N]; `channel_stats`, per-channel pixel mean
@@ -53,14 +47,14 @@ def holdout_counts(class_counts: np.ndarray, fraction: float) -> np.ndarray:
 
 def stratified_holdout(split: Split, fraction: float, *, seed: int) -> tuple[Split, Split]:
     """(kept, held out): a seeded, stratified `fraction` of `split` held out (e.g. a validation split of a
-    training split). Each class gives its share (:func:`holdout_counts`); both parts keep the original order.
+    training split). Each class gives its share (`holdout_counts`); both parts keep the original order.
     The draw depends on (seed, labels) alone, so the same split comes back on every run and rank."""
     kept_idx, held_idx = holdout_indices(split.labels, fraction, seed=seed)
     return split.take(kept_idx), split.take(held_idx)
 
 
 def holdout_indices(labels: torch.Tensor, fraction: float, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(kept, held out) indices [int64] of :func:`stratified_holdout` for class indices `labels` [N], each part
+    """(kept, held out) indices [int64] of `stratified_holdout` for class indices `labels` [N], each part
     in the original order."""
     if not 0 < fraction < 1:
         raise DatasetError(f"a held-out fraction must be in (0, 1), got {fraction}")

@@ -8,11 +8,11 @@ CNN 99.22% and 66%.
 affNIST (T. Tieleman, https://www.cs.toronto.edu/~tijmen/affNIST/): 40×40 images "made by taking images from
 MNIST and applying various reasonable affine transformations to them", with "significant translations"; its
 test set comes from the 10,000 MNIST test digits (32 transformed versions each); distributed as MATLAB files
-readable with scipy.io.loadmat. The per-parameter ranges used by :func:`affine_test_set` are those given for
+readable with scipy.io.loadmat. The per-parameter ranges used by `affine_test_set` are those given for
 affNIST in the issue that asked for this module (rotation ±20°, shear factor ±0.1, scale 0.8–1.2, translation
 keeping the digit inside the 40×40 box); the affNIST page excerpts available to us while writing this did not
 list them, so they are not independently verified here. Results on the generated set are therefore labelled
-"affNIST-style", and the real files load with :func:`load_affnist` when you have them.
+"affNIST-style", and the real files load with `load_affnist` when you have them.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from ..data.augment import affine_warp, place_on_canvas
 from ..data.datasets import load_dataset
 from ..data.split import Split
 from ..errors import ConfigError, DatasetError
-from ..training.tasks import ClassificationTask, seeded_generator
+from ..training.classification import ClassificationTask
+from ..training.tasks import seeded_generator
 
 CANVAS = 40
 # affNIST-style ranges (see the module docstring for their source).

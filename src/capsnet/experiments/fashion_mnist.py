@@ -2,9 +2,9 @@
 std (and every seed's figure) of the test accuracy of the checkpoint chosen on validation data.
 
 Every run holds out a stratified, seeded validation share of the 60,000 training images (TrainConfig.val_fraction,
-0.1 by default): `best/` is the epoch of highest validation accuracy, and the 10,000 test images are scored once, at
-the end of the run, on `best/` and `last/` (the run's test.json). Nothing here reads a test figure before the run
-has ended, and no choice depends on one.
+0.1 by default): `best/` is the epoch the run's monitor chooses on it (by default the lowest validation loss), and
+the 10,000 test images are scored once, at the end of the run, on `best/` and `last/` (the run's test.json). Nothing
+here reads a test figure before the run has ended, and no choice depends on one.
 
 Runs live in OUT/fashion-mnist/MODEL/seed-K. Re-running the same command skips the finished runs, continues the
 unfinished ones from their last checkpoint (`--resume` per run folder) and starts the missing ones, so a long
@@ -29,7 +29,8 @@ from typing import Any
 from ..errors import ConfigError
 from ..fileio import atomic_write_bytes, atomic_write_json
 from ..models.registry import MODELS
-from ..training.loop import TrainConfig, train
+from ..training.api import train
+from ..training.config import TrainConfig
 
 EXPERIMENT = "fashion-mnist"
 # Published Fashion-MNIST test accuracies (%) to set ours beside: (figure, source).

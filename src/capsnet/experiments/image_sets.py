@@ -28,12 +28,14 @@ from typing import Any
 from ..data import standins
 from ..errors import ConfigError, DatasetError
 from ..fileio import atomic_write_json
+from ..inference import Ensemble
 from ..models.capsnet import CapsNetConfig
 from ..models.pretrained import load_pretrained
-from ..training.ensemble import Ensemble
-from ..training.evaluate import evaluate
-from ..training.loop import TrainConfig, resolve_device, train
-from ..training.tasks import ClassificationTask
+from ..training.api import train
+from ..training.classification import ClassificationTask
+from ..training.config import TrainConfig
+from ..training.evaluator import evaluate
+from ..training.hardware import resolve_device
 
 EXPERIMENTS = ("cifar10", "smallnorb", "svhn")
 FULL_EPOCHS = 50

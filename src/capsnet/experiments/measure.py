@@ -40,10 +40,11 @@ from ..models.pretrained import load_pretrained
 from ..models.recipe import model_input
 from ..models.registry import MODELS
 from ..routing.base import weight_spread
+from ..training.api import train
+from ..training.checkpoint_data import checkpoint_data
 from ..training.config import TrainConfig
-from ..training.evaluate import checkpoint_data, evaluate, standardizes_channels
+from ..training.evaluator import evaluate, standardizes_channels
 from ..training.hardware import resolve_device
-from ..training.loop import train
 from .zoo import cpu_name, git_commit
 
 RESULT_PREFIX = "capsnet-compare-result: "

@@ -28,10 +28,12 @@ from torch import nn
 
 from ..data.augment import place_on_canvas
 from ..data.batching import num_batches, shard_indices
-from ..data.split import Split, to_float
+from ..data.split import Split
 from ..errors import ConfigError, DatasetError
 from ..nn.losses import reconstruction_loss
-from ..training.tasks import Batch, Task, evaluate_batches, seeded_generator
+from ..pixels import to_float
+from ..training.evaluator import evaluate_batches
+from ..training.tasks import Batch, Task, seeded_generator
 
 Combine = Literal["max", "sum"]
 # The Efficient-CapsNet authors' MultiMNIST (EscVM/Efficient-CapsNet: config.json, utils/pre_process_multimnist.py),
@@ -166,7 +168,7 @@ class PairForward(nn.Module):
 
 # ------------------------------------------------------------------------------------------------ task
 class MultiMNISTTask(Task):
-    """MultiMNIST training and test (§6) for the loop in :mod:`capsnet.training`."""
+    """MultiMNIST training and test (§6) for the loop in `capsnet.training`."""
 
     name = "multimnist"
     image_size: int  # the square canvas
@@ -267,7 +269,7 @@ class MultiMNISTTask(Task):
             loss = pair_loss(m, out, batch.targets, recon_b, batch.extras["image_a"], batch.extras["image_b"])
             return loss, two_longest_correct(out.lengths, batch.targets).sum()
 
-        return evaluate_batches(model, batches(), score=score, device=device, dist=dist)
+        return evaluate_batches(model, batches(), score=score, device=device, dist=dist, lengths=True)
 
 
 def make_test_pairs(

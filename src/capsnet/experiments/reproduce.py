@@ -1,6 +1,6 @@
 """`capsnet reproduce mnist|multimnist|affnist`: the paper's experiments, one command each.
 
-Each trains CapsNet and the paper's baseline CNN with the loop of :mod:`capsnet.training` (checkpoints, resume,
+Each trains CapsNet and the paper's baseline CNN with the loop of `capsnet.training` (checkpoints, resume,
 TensorBoard, torchrun all apply) and prints ours next to the paper's figure:
 
     mnist       Table 1, MNIST test error: CapsNet (3 routing iterations, reconstruction) 0.25%, baseline 0.39%
@@ -26,9 +26,13 @@ from ..fileio import atomic_write_json
 from ..models.baseline import BaselineConfig
 from ..models.capsnet import CapsNetConfig
 from ..models.pretrained import load_pretrained
-from ..training.evaluate import check_split, evaluate
-from ..training.loop import TrainConfig, resolve_device, train
-from ..training.tasks import Task, subset, validation_split
+from ..training.api import train
+from ..training.checkpoint_data import check_split
+from ..training.classification import subset, validation_split
+from ..training.config import TrainConfig
+from ..training.evaluator import evaluate
+from ..training.hardware import resolve_device
+from ..training.tasks import Task
 from .affnist import ExpandedMNISTTask, affine_test_set, load_affnist
 from .multimnist import MultiMNISTTask
 

@@ -39,10 +39,10 @@ from ..fileio import atomic_write_json
 from ..models.pretrained import load_pretrained
 from ..models.registry import MODELS
 from ..results import Row, read_rows, with_accuracies, write_rows
+from ..training.api import train
 from ..training.config import TrainConfig
-from ..training.evaluate import evaluate
+from ..training.evaluator import evaluate
 from ..training.hardware import bf16_native, cpu_flags, resolve_device
-from ..training.loop import train
 from .fashion_mnist import read_test, run_state
 
 

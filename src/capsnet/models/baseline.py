@@ -34,7 +34,7 @@ from .registry import register_model
 
 
 class BaselineOutput(NamedTuple):
-    """Mirrors :class:`capsnet.CapsNetOutput` so that `evaluate()` and the training loop treat both alike."""
+    """Mirrors `capsnet.CapsNetOutput` so that `evaluate()` and the training loop treat both alike."""
 
     capsules: None
     lengths: torch.Tensor  # softmax class probabilities  [B, n_classes]
@@ -49,7 +49,7 @@ class BaselineCNN(Pretrained, nn.Module):
     """The paper's baseline: conv 5×5 ×3 (256, 256, 128, ReLU) → FC 328 → FC 192 → dropout → softmax.
 
     `BaselineCNN()` builds the paper's 35,445,522-parameter MNIST model; options are keyword-only and mirror
-    :class:`BaselineConfig`, or pass `config=BaselineConfig(...)`.
+    `BaselineConfig`, or pass `config=BaselineConfig(...)`.
     """
 
     config_class = BaselineConfig

@@ -6,7 +6,6 @@ dimensions. Older saves name them `digits` / `digit_dim`; both still load, with 
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, ClassVar, NamedTuple, cast
 
 import torch
@@ -42,7 +41,7 @@ MNIST_CLASS_LAYER = (1152, 10)  # the paper's class layer: 6·6·32 primary caps
 class CapsNet(Pretrained, nn.Module):
     """The paper's CapsNet: 8,215,568 parameters with the decoder, 6,804,224 without, on 28×28 MNIST.
 
-    `CapsNet()` builds the paper's model; options are keyword-only and mirror :class:`CapsNetConfig`,
+    `CapsNet()` builds the paper's model; options are keyword-only and mirror `CapsNetConfig`,
     e.g. `CapsNet(routing_iterations=1, decoder=False)`, or pass `config=CapsNetConfig(...)`.
     """
 
@@ -107,22 +106,12 @@ class CapsNet(Pretrained, nn.Module):
         if cfg.init == "official":
             official_init(self)
 
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
-        """Accept the weights of older saves (capsnet 0.1.0), whose class capsules were called `digits`."""
-        old = [k for k in state_dict if k.startswith(prefix + "digits.")]
-        if old:
-            warnings.warn(
-                "state dict keys 'digits.*' are deprecated, now 'class_caps.*'", DeprecationWarning, stacklevel=4
-            )
-            for key in old:
-                state_dict[prefix + "class_caps." + key[len(prefix + "digits.") :]] = state_dict.pop(key)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
     def forward(
         self, images: torch.Tensor, labels: torch.Tensor | None = None, *, return_coupling: bool = False
     ) -> CapsNetOutput:
-        """images [B, C, H, W] in [0, 1]. In training mode, `labels` pick the capsule the decoder
-        reconstructs (the paper); otherwise (or with decoder_mask="prediction") the longest capsule does."""
+        """images: the prepared input [B, C, H, W] (capsnet.preprocess makes it from raw pixels). In training mode,
+        `labels` pick the capsule the decoder reconstructs (the paper); otherwise (or with decoder_mask="prediction")
+        the longest capsule does."""
         check_images(images, channels=self.config.in_channels, size=self.config.image_size, model="CapsNet")
         x = per_image_standardize(images) if self.config.standardize else images
         u = self.primary(F.relu(self.conv1(x)))  # primary capsules u_i  [B, 1152, 8]

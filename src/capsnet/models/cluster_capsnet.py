@@ -84,7 +84,7 @@ class ClusterCapsNet(Pretrained, nn.Module):
     ) -> CapsNetOutput:
         """images [B, C, H, W] (as the input recipe makes them); `labels` is accepted (and unused) so it is called
         like CapsNet. `capsules` are the class channels flattened [B, n_classes, D·H'·W'], `lengths` the softmax of
-        the class logits, `coupling` the last layer's routing weights (see :func:`class_coupling`)."""
+        the class logits, `coupling` the last layer's routing weights (see `class_coupling`)."""
         cfg = self.config
         check_images(images, channels=cfg.in_channels, size=cfg.image_size, model="ClusterCapsNet")
         x = per_image_standardize(images) if cfg.standardize else images

@@ -81,7 +81,7 @@ AUTHORS_CLASS_LAYER = (640, 10)  # their 28×28 class layer: the last two cells'
 @register_model
 class DeepCaps(Pretrained, nn.Module):
     """DeepCaps; `DeepCaps()` builds the authors' 28×28 network (8,441,920 parameters without the decoder,
-    8,500,337 with it). Options are keyword-only and mirror :class:`DeepCapsConfig`, or pass `config=`."""
+    8,500,337 with it). Options are keyword-only and mirror `DeepCapsConfig`, or pass `config=`."""
 
     config_class = DeepCapsConfig
     model_type = "deepcaps"
@@ -149,7 +149,7 @@ class DeepCaps(Pretrained, nn.Module):
     def forward(
         self, images: torch.Tensor, labels: torch.Tensor | None = None, *, return_coupling: bool = False
     ) -> CapsNetOutput:
-        """images [B, C, H, W] in [0, 1]; the fields of :class:`capsnet.CapsNetOutput`, `coupling` the class
+        """images [B, C, H, W] in [0, 1]; the fields of `capsnet.CapsNetOutput`, `coupling` the class
         routing's c [B, 640, n_classes] when asked for."""
         cfg = self.config
         check_images(images, channels=cfg.in_channels, size=cfg.image_size, model="DeepCaps")

@@ -31,8 +31,8 @@ Parameters of the MNIST model, layer by layer (BatchNorm counts its γ and β; i
 plus 1,411,344 for the decoder (16·10 → 512 → 1024 → 784), which the paper's count leaves out.
 Feature maps: 28 → 24 → 22 → 20 → 9 (stride 2) → 1 (the depthwise kernel is sized to the map: 9 on MNIST).
 
-Presets: `EfficientCapsNetConfig()` (MNIST), :meth:`~EfficientCapsNetConfig.for_smallnorb`,
-:meth:`~EfficientCapsNetConfig.for_multimnist`. Training recipe (the authors' config.json): Adam, lr 5e-4 decayed
+Presets: `EfficientCapsNetConfig()` (MNIST), `EfficientCapsNetConfig.for_smallnorb`,
+`EfficientCapsNetConfig.for_multimnist`. Training recipe (the authors' config.json): Adam, lr 5e-4 decayed
 by 0.97 every epoch, batch 16, margin loss + 0.392 × the mean squared reconstruction error. Each data set's input
 pipeline, when `--augment auto`, is the authors' (`data_recipes`): MNIST-format sets ÷ 256 with the 2 px shifts;
 smallNORB standardised per channel with the split's statistics, resized 96 → 64, random 48×48 crops with
@@ -68,7 +68,7 @@ from .registry import register_model
 @register_model
 class EfficientCapsNet(Pretrained, nn.Module):
     """Efficient-CapsNet; `EfficientCapsNet()` builds the authors' MNIST model (161,824 parameters without the
-    decoder). Options are keyword-only and mirror :class:`EfficientCapsNetConfig`, or pass `config=`."""
+    decoder). Options are keyword-only and mirror `EfficientCapsNetConfig`, or pass `config=`."""
 
     config_class = EfficientCapsNetConfig
     model_type = "efficient-capsnet"
@@ -165,7 +165,7 @@ class EfficientCapsNet(Pretrained, nn.Module):
         self, images: torch.Tensor, labels: torch.Tensor | None = None, *, return_coupling: bool = False
     ) -> CapsNetOutput:
         """images [B, C, H, W] as the data pipeline prepares them (config.json records how); returns the fields of
-        :class:`capsnet.CapsNetOutput`, `coupling` being the self-attention coupling c [B, 16, 10] when asked for."""
+        `capsnet.CapsNetOutput`, `coupling` being the self-attention coupling c [B, 16, 10] when asked for."""
         cfg = self.config
         check_images(images, channels=cfg.in_channels, size=cfg.image_size, model="EfficientCapsNet")
         x = self.primary(self.backbone(per_image_standardize(images) if cfg.standardize else images))  # [B, 128, 1, 1]

@@ -54,7 +54,7 @@ def receptive_field_centres(config: EMCapsNetConfig) -> torch.Tensor:
 
 
 class EMCapsNetOutput(NamedTuple):
-    """Mirrors :class:`capsnet.CapsNetOutput` so that training, evaluation and prediction treat both alike."""
+    """Mirrors `capsnet.CapsNetOutput` so that training, evaluation and prediction treat both alike."""
 
     capsules: torch.Tensor  # class poses M_j, flattened 4×4  [B, n_classes, 16]
     lengths: torch.Tensor  # class activations a_j  [B, n_classes]
@@ -68,7 +68,7 @@ class EMCapsNetOutput(NamedTuple):
 class EMCapsNet(Pretrained, nn.Module):
     """The paper's smallNORB network: 316,394 parameters (A=B=C=D=32, 5 classes), 67,154 for A=64, B=8, C=D=16.
 
-    `EMCapsNet()` builds the main model; `EMCapsNet(**SMALL)` the small one; options mirror :class:`EMCapsNetConfig`.
+    `EMCapsNet()` builds the main model; `EMCapsNet(**SMALL)` the small one; options mirror `EMCapsNetConfig`.
     """
 
     config_class = EMCapsNetConfig

@@ -5,20 +5,20 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import os
-import sys
 import warnings
 from typing import Any
 
 import torch
 
 from ..config import from_dict, to_dict
+from ..logs import LOGGER
 from .hf_hub import is_hf_ref
 from .hub import resolve_pretrained, shipped_tags
 from .registry import MODELS
 
 
 def create_model(name: str, *, pretrained: str | os.PathLike | None = None, **overrides: Any) -> Any:
-    """The model registered as `name` (see :func:`capsnet.list_models`).
+    """The model registered as `name` (see `capsnet.list_models`).
 
     Without `pretrained`: freshly initialised, in training mode, its config the paper's defaults with `overrides`
     (config fields, e.g. `create_model("capsnet", in_channels=3, image_size=32, routing_iterations=1)`).
@@ -68,8 +68,8 @@ def with_classes(model: Any, n_classes: int, *, source: str) -> Any:
     loaded = {k: v for k, v in kept.items() if k in own and k.rsplit(".", 1)[0] not in renewed}
     with torch.no_grad():
         fresh.load_state_dict({**own, **loaded}, strict=True)
-    print(f"capsnet: {source}: {model.config.n_classes} classes -> {n_classes}: re-initialised {', '.join(renewed)}; "
-          "every other weight loaded", file=sys.stderr)  # fmt: skip
+    LOGGER.warning(f"capsnet: {source}: {model.config.n_classes} classes -> {n_classes}: re-initialised "
+                   f"{', '.join(renewed)}; every other weight loaded")  # fmt: skip
     return fresh.to(next(model.parameters()).device).eval()
 
 
@@ -79,7 +79,7 @@ __all__ = ["create_model"]
 def list_models(pattern: str = "*", *, pretrained: bool = False) -> list[str]:
     """The registered model names, installed plugins' included, sorted: those matching the shell-style `pattern`
     (e.g. "*capsnet"), and with `pretrained=True` only those with shipped weights
-    (:func:`capsnet.models.hub.shipped_tags`). A plugin that fails to load is a warning naming it."""
+    (`capsnet.models.hub.shipped_tags`). A plugin that fails to load is a warning naming it."""
     for line in MODELS.load_plugins():
         warnings.warn(line, stacklevel=2)
     names = sorted(n for n in MODELS if fnmatch.fnmatchcase(n, pattern))

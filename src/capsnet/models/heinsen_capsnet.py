@@ -27,7 +27,7 @@ POSE = 4  # capsules are 4×4 matrices
 
 
 class HeinsenCapsNetOutput(NamedTuple):
-    """Mirrors :class:`capsnet.CapsNetOutput` so that training, evaluation and prediction treat both alike."""
+    """Mirrors `capsnet.CapsNetOutput` so that training, evaluation and prediction treat both alike."""
 
     capsules: torch.Tensor  # object poses μ_j, flattened 4×4  [B, n_classes, 16]
     lengths: torch.Tensor  # class probabilities f(a_j) = sigmoid(a_j)  [B, n_classes]

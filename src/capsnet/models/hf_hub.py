@@ -1,5 +1,5 @@
-"""Models on the Hugging Face Hub: `hf-hub:ORG/REPO[@REVISION]` loaded (:func:`fetch_hf`), and a save_pretrained
-folder published with its model card (:func:`push_folder`), both through `huggingface_hub` (the `hub` extra).
+"""Models on the Hugging Face Hub: `hf-hub:ORG/REPO[@REVISION]` loaded (`fetch_hf`), and a save_pretrained
+folder published with its model card (`push_folder`), both through `huggingface_hub` (the `hub` extra).
 
     create_model("capsnet", pretrained="hf-hub:ORG/REPO")          # the default branch, resolved once
     load_pretrained("hf-hub:ORG/REPO@v1.0")                         # a tag or branch, resolved once
@@ -19,7 +19,7 @@ huggingface_hub does the talking: its cache (HF_HUB_CACHE, HF_HOME), its endpoin
 4. the folder is loaded as a local folder is: config.json strictly, the weights' names, shapes, kinds and
    finiteness against it, the parameter count against MAX_PARAMETERS.
 
-README.md (the card) is never read to load a model. Every failure is one line (:class:`capsnet.errors.DownloadError`
+README.md (the card) is never read to load a model. Every failure is one line (`capsnet.errors.DownloadError`
 or ConfigError): a missing repository, revision or file, a refused token, offline with nothing cached.
 """
 
@@ -61,7 +61,7 @@ class HubRef:
 
 
 def is_hf_ref(text: Any) -> bool:
-    """Whether `text` is an `hf-hub:` reference (well-formed or not: :func:`parse_ref` says what is wrong)."""
+    """Whether `text` is an `hf-hub:` reference (well-formed or not: `parse_ref` says what is wrong)."""
     return isinstance(text, str) and text.startswith(PREFIX)
 
 
@@ -125,7 +125,7 @@ def fetch_hf(text: str) -> tuple[Path, dict[str, Any]]:
         raise DownloadError(f"{ref}: its files did not land in one snapshot folder of the cache", url=str(ref))
     pinned = ref.revision is not None and COMMIT.fullmatch(ref.revision) is not None
     if not pinned:
-        log.info("%s: commit %s", ref, commit)
+        log.debug("%s: commit %s", ref, commit)  # (the provenance is in the model's .provenance)
     provenance = {
         "source": str(ref),
         "repo": ref.repo_id,

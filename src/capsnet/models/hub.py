@@ -1,18 +1,18 @@
 """Weights that ship inside the package, loaded offline by `create_model(NAME, pretrained=TAG)`,
 `load_pretrained("NAME:TAG")` and `capsnet evaluate --pretrained NAME:TAG`; and save_pretrained folders published
-at a URL (:func:`fetch_pretrained`).
+at a URL (`fetch_pretrained`).
 
     WEIGHTS_ROOT/<model name>/<tag>/config.json        a save_pretrained folder ...
                                    /model.safetensors
                                    /card.json          ... and how it was made (CARD_FIELDS)
 
 WEIGHTS_ROOT is the package's `models/weights/` folder; the environment variable CAPSNET_WEIGHTS_DIR names another
-root instead (tests, or a shared folder of weights). :func:`save_shipped` writes a folder with its card.
+root instead (tests, or a shared folder of weights). `save_shipped` writes a folder with its card.
 
 A URL names a save_pretrained folder on a web server, pinned as a whole by the SHA-256 in its fragment,
-`https://host/path/folder#sha256=HEX`: HEX is :func:`folder_sha256`, the SHA-256 of the folder's manifest (the
+`https://host/path/folder#sha256=HEX`: HEX is `folder_sha256`, the SHA-256 of the folder's manifest (the
 text `sha256sum config.json model.safetensors` prints), so `cd folder && sha256sum config.json model.safetensors |
-sha256sum` gives it. Both files are downloaded with :func:`capsnet.fetch.fetch_url` (retries, byte limits, a
+sha256sum` gives it. Both files are downloaded with `capsnet.fetch.fetch_url` (retries, byte limits, a
 deadline, atomic writes, a lock) into a fresh folder of the cache, which becomes CACHE/pretrained/<HEX>/ only when
 the two files have that SHA-256. Files of another SHA-256 are fetched again, from scratch, FOLDER_FETCHES times in
 all (a transient fault), then refused: an altered config.json (or weights) is refused and nothing is kept.
@@ -110,7 +110,7 @@ def folder_sha256(folder: str | os.PathLike) -> str:
 
 def fetch_pretrained(url: str, *, cache_dir: str | os.PathLike | None = None) -> Path:
     """The save_pretrained folder published at `url` (`...#sha256=HEX`, see the module docstring), downloaded into
-    capsnet's cache (:func:`capsnet.fetch.cache_root`) unless it is there already; returns the cached folder."""
+    capsnet's cache (`capsnet.fetch.cache_root`) unless it is there already; returns the cached folder."""
     problem = url_problem(url)
     if problem is not None:
         raise ConfigError(f"{url}: not a valid URL ({problem})")
@@ -155,7 +155,7 @@ def fetch_pretrained(url: str, *, cache_dir: str | os.PathLike | None = None) ->
 
 def _fetch_folder(base: str, staging: Path) -> str:
     """Download the folder at `base` into `staging` (config.json first, checked before the weights are asked for);
-    returns its :func:`folder_sha256`."""
+    returns its `folder_sha256`."""
     fetch_url(base + "config.json", staging / "config.json", max_bytes=MAX_CONFIG_DOWNLOAD_BYTES,
               deadline=CONFIG_DOWNLOAD_DEADLINE_S)  # fmt: skip
     _check_config(staging / "config.json", base)
@@ -181,7 +181,7 @@ def _check_config(config: Path, base: str) -> None:
 
 def resolve_pretrained(name: str, pretrained: str | os.PathLike) -> Path:
     """The save_pretrained folder that `create_model(name, pretrained=...)` loads: a shipped tag of model `name`,
-    a URL of a published folder (:func:`fetch_pretrained`), or a folder (a save_pretrained folder, or a training
+    a URL of a published folder (`fetch_pretrained`), or a folder (a save_pretrained folder, or a training
     run folder: its best/, else last/)."""
     if isinstance(pretrained, str) and pretrained in shipped_tags(name):
         return weights_root() / name / pretrained
@@ -237,7 +237,7 @@ def save_shipped(
     metadata: dict[str, Any] | None = None,
 ) -> Path:
     """Write `model` (a registered model) as shipped weights: root/name/tag/ with config.json, model.safetensors
-    and card.json (checked by :func:`check_card`). `root` defaults to :func:`weights_root`; `metadata`: the
+    and card.json (checked by `check_card`). `root` defaults to `weights_root`; `metadata`: the
     training run's record of the checkpoint (config.json's "checkpoint", see Pretrained.save_pretrained)."""
     from .registry import MODELS
 

@@ -102,7 +102,7 @@ def _conv_block(c_in: int, c_out: int, momentum: float) -> nn.Sequential:
 
 
 class HVCOutput(NamedTuple):
-    """Mirrors :class:`capsnet.CapsNetOutput` so that training, evaluation and prediction treat HVCs alike."""
+    """Mirrors `capsnet.CapsNetOutput` so that training, evaluation and prediction treat HVCs alike."""
 
     capsules: torch.Tensor  # class capsules v_j of the deepest branch  [B, n_classes, D]
     lengths: torch.Tensor  # softmax of the merged logits: class probabilities  [B, n_classes]
@@ -117,8 +117,8 @@ class HVCOutput(NamedTuple):
 class HVCCapsNet(Pretrained, nn.Module):
     """Byerly et al.'s branching and merging CNN with homogeneous vector capsules: 1,513,686 parameters on MNIST.
 
-    `HVCCapsNet()` builds the paper's network; options are keyword-only and mirror :class:`HVCCapsNetConfig`, or
-    pass `config=`. :meth:`small` is a narrower network for CPU runs."""
+    `HVCCapsNet()` builds the paper's network; options are keyword-only and mirror `HVCCapsNetConfig`, or
+    pass `config=`. `small` is a narrower network for CPU runs."""
 
     config_class = HVCCapsNetConfig
     model_type = "hvc-capsnet"

@@ -1,8 +1,8 @@
 """`save_pretrained` / `from_pretrained`: `config.json` + `model.safetensors`, strict, no pickle anywhere.
 
-A model class mixes in :class:`Pretrained`, names its config dataclass in `config_class`, a `model_type`
+A model class mixes in `Pretrained`, names its config dataclass in `config_class`, a `model_type`
 string, and takes `config=` in its constructor. `load_pretrained` loads any registered model
-(:mod:`capsnet.models.registry`) by the `model_type` its config.json records.
+(`capsnet.models.registry`) by the `model_type` its config.json records.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class Pretrained(_ModuleBase):
 
     def init_from_data(self, images: torch.Tensor) -> None:
         """Data-dependent initialisation from one batch of training images [B, C, H, W] in [0, 1], before training
-        starts. A no-op unless the model needs one (:class:`capsnet.models.em_capsnet.EMCapsNet` centres its β_a).
+        starts. A no-op unless the model needs one (`capsnet.models.em_capsnet.EMCapsNet` centres its β_a).
         `capsnet train` calls it once, before DistributedDataParallel wraps the model, on a batch that every rank
         computes alike (so all start from the same weights); never on a resumed run, whose weights have it."""
 
@@ -82,7 +82,7 @@ class Pretrained(_ModuleBase):
         return config if config is not None else cls.config_class(**(options or {}))
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
-        """`nn.Module.load_state_dict`, but weights that do not fit raise :class:`StateDictError` in one line."""
+        """`nn.Module.load_state_dict`, but weights that do not fit raise `StateDictError` in one line."""
         try:
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
         except StateDictError:
@@ -163,7 +163,7 @@ def load_pretrained(directory: str | os.PathLike, *, map_location: str | torch.d
     """Load any registered model (CapsNet, BaselineCNN, ...) from its `save_pretrained` folder, shipped weights
     by "NAME:TAG" (e.g. "capsnet:fashion-mnist"), a published folder by URL#sha256=HEX (capsnet.models.hub) or a
     Hugging Face Hub repository by "hf-hub:ORG/REPO[@REVISION]" (capsnet.models.hf_hub); `overrides` as
-    :meth:`Pretrained.from_pretrained`. The model's `provenance` says where it came from."""
+    `Pretrained.from_pretrained`. The model's `provenance` says where it came from."""
     load = Pretrained.from_pretrained.__func__  # type: ignore[attr-defined]
     return load(Pretrained, directory, map_location=map_location, **overrides)
 

@@ -13,7 +13,7 @@ model records in its config.json (capsnet.models.inputs.RecordedData) turns them
 Per-image standardisation (`standardize`) runs inside the models' forward. `digits` says whether the raw images
 are digit-style ink images (white on black, a 20/28 box): `capsnet predict` converts image files to that form.
 
-Every path calls :func:`model_input` (or a task's batches, which apply the same recipe's :meth:`InputRecipe.scale`
+Every path calls `model_input` (or a task's batches, which apply the same recipe's `InputRecipe.scale`
 before their random crops): the training tasks, the graph-captured step, `fit`'s loader, evaluate, predict,
 visualize, the ensemble (each member its own recipe) and the exported graphs.
 """
@@ -26,13 +26,9 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, DatasetError
+from ..pixels import to_float
 
 Stats = tuple[tuple[float, ...], tuple[float, ...]]  # per-channel (mean, std) of pixels p in 0..255
-
-
-def to_unit(images: torch.Tensor) -> torch.Tensor:
-    """Raw images as float32 in [0, 1]: uint8 pixels ÷ 255; float images pass as float32."""
-    return images.float().div_(255.0) if images.dtype == torch.uint8 else images.float()
 
 
 @dataclass(frozen=True)
@@ -110,7 +106,7 @@ class InputRecipe:
 
     def prepare(self, images: torch.Tensor, stats: Stats | None = None) -> torch.Tensor:
         """Raw images (uint8, or floats in [0, 1]) [B, C, H, W] -> the model's input (steps 1-3)."""
-        return self.scale(self.fit_size(to_unit(images)), stats)
+        return self.scale(self.fit_size(to_float(images)), stats)
 
     def describe(self) -> str:
         """The value conversion in words, for messages and the export's metadata."""
@@ -129,7 +125,7 @@ def recipe_of(model: Any) -> InputRecipe:
 
 def model_input(model: Any, images: torch.Tensor, *, stats: Stats | None = None) -> torch.Tensor:
     """Raw images -> what `model`'s forward takes. A model with a `prepare_input(images, stats)` method (the
-    ensemble: one input per member) prepares its own; any other by its recipe (:func:`recipe_of`)."""
+    ensemble: one input per member) prepares its own; any other by its recipe (`recipe_of`)."""
     prepare = getattr(model, "prepare_input", None)
     if callable(prepare):
         return prepare(images, stats)
@@ -147,4 +143,4 @@ def recipe_for(
                        std=tuple(std), **shape)  # fmt: skip
 
 
-__all__ = ["InputRecipe", "Stats", "model_input", "recipe_for", "recipe_of", "to_unit"]
+__all__ = ["InputRecipe", "Stats", "model_input", "recipe_for", "recipe_of"]

@@ -2,7 +2,7 @@
 that config.json records all look names up here.
 
 The registry is the floor of capsnet.models: it imports no model. Each built-in model registers itself with the
-decorator `@register_model` on its class, under the name its config has in :data:`capsnet.configs.MODEL_CONFIGS`,
+decorator `@register_model` on its class, under the name its config has in `capsnet.configs.MODEL_CONFIGS`,
 and `capsnet.models` imports every model module, so that importing anything in capsnet.models fills the registry.
 A model of one's own registers with `register_model(NAME, Class)` (or `@register_model(NAME)`). Its class names
 its config dataclass (`config_class`), the `model_type` its saved config.json records (an alias of NAME when it
@@ -11,7 +11,7 @@ differs, so both load), its default learning rate (`default_lr`), and `paper` / 
 
 A model of another installed distribution registers through an entry point in the group `capsnet.models`
 (capsnet.plugins), which names the model class: it is registered under the entry point's name the first time that
-name is looked up (or when every model is listed: :meth:`Registry.load_plugins`).
+name is looked up (or when every model is listed: `Registry.load_plugins`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ def squash(s: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
 
 
 class Squash(nn.Module):
-    """Module form of :func:`squash` over the last dimension."""
+    """Module form of `squash` over the last dimension."""
 
     def __init__(self, eps: float = 1e-8):
         super().__init__()
@@ -33,7 +33,7 @@ class Squash(nn.Module):
 def efficient_squash(s: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
     """Efficient-CapsNet's squash (Mazzia et al. 2021, Eq. 2): v = (1 − e^{−|s|}) · s / |s|.
 
-    Like :func:`squash` it keeps the direction and maps lengths into [0, 1), but it is less steep near 0
+    Like `squash` it keeps the direction and maps lengths into [0, 1), but it is less steep near 0
     (|v| ≈ |s| for short vectors) and saturates more slowly. `eps` inside the square root keeps the
     gradient finite at s = 0.
     """

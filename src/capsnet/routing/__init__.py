@@ -1,10 +1,10 @@
 """Routing algorithms between capsule layers, one module each, with their fast paths and kernels beside them.
 
-Every fully connected routing layer follows :class:`capsnet.routing.base.RoutingLayer`: `layer(u, a=None, *,
-return_weights=False)` maps u [B, n_in, d_in] to [B, n_out, d_out], or to a :class:`RoutingOutput` (capsules,
-weights, activations). The routing registry (:data:`ROUTINGS`, :mod:`capsnet.configs.routings`) has one record per
-routing, and :func:`capsnet.routing.registry.build_routing` builds a layer by name. Where a layer has a
-C++ CPU kernel, :func:`set_backend` ("auto", "cpp" or "torch"; :mod:`capsnet.routing.backend`) chooses whether it
+Every fully connected routing layer follows `capsnet.routing.base.RoutingLayer`: `layer(u, a=None, *,
+return_weights=False)` maps u [B, n_in, d_in] to [B, n_out, d_out], or to a `RoutingOutput` (capsules,
+weights, activations). The routing registry (`ROUTINGS`, `capsnet.configs.routings`) has one record per
+routing, and `capsnet.routing.registry.build_routing` builds a layer by name. Where a layer has a
+C++ CPU kernel, `set_backend` ("auto", "cpp" or "torch"; `capsnet.routing.backend`) chooses whether it
 runs, globally, per model or per layer (`layer.backend`).
 
 May import: capsnet.nn and the foundation modules (errors, fileio, config); never models, data or above.

@@ -8,11 +8,11 @@
   PyTorch: the kernels are CPU-only.
 - ``"torch"``: never build or run a C++ kernel. The layers run their PyTorch fast paths (same results, hand-derived
   backward passes); ``layer.fast = False`` selects their plain autograd path instead (double backward, export).
-- ``"triton"``: dynamic routing on CUDA tensors by Triton kernels (:mod:`capsnet.routing.dynamic_triton`; an error
+- ``"triton"``: dynamic routing on CUDA tensors by Triton kernels (`capsnet.routing.dynamic_triton`; an error
   if Triton cannot be imported); otherwise as "auto". Under "auto", CUDA tensors take the Triton kernels only with
   ``CAPSNET_TRITON=1`` in the environment, until they are measured faster than the PyTorch path.
 
-The choice is global (:func:`set_backend`, or :func:`use_backend` for a block), or per layer or model: a layer's
+The choice is global (`set_backend`, or `use_backend` for a block), or per layer or model: a layer's
 `backend` attribute (None follows the global choice), which ``set_backend(name, model=m)`` sets on every routing
 layer of `m`. Under torch.compile the choice is read once, when the graph is traced.
 """

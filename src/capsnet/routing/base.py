@@ -1,7 +1,7 @@
 """The one interface every routing layer shares, and helpers the algorithms have in common.
 
 A routing (capsule) layer maps input capsules u [B, n_in, d_in] (optionally with activations a [B, n_in]) to
-output capsules [B, n_out, d_out]. Called with `return_weights=True` it returns a :class:`RoutingOutput`:
+output capsules [B, n_out, d_out]. Called with `return_weights=True` it returns a `RoutingOutput`:
 
     capsules     output capsule poses                                  [B, n_out, d_out]
     weights      the coupling / attention / routing weights it used    [B, n_in, n_out]

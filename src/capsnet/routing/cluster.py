@@ -19,7 +19,7 @@ square root; softmax_i(−log σ) = σ⁻¹ / Σ_i σ⁻¹.
 The weights c_ij sum to 1 over the children, one set per dimension. What the layer reports as its routing weights
 ([B, I, J], RoutingOutput.weights, which every routing layer gives summed to 1 over the parents) is each child's
 mean weight over the dimensions, c̄_ij, normalised over its parents: the share of child i's weight that goes to j.
-:meth:`ClusterRoutingFC.coefficients` gives the c_ij themselves.
+`ClusterRoutingFC.coefficients` gives the c_ij themselves.
 
 The convolutional layer of the authors' models is capsnet.routing.cluster_conv.ClusterRoutingConv.
 """
@@ -102,7 +102,7 @@ def cluster_moments(
     (1/K) Σ_k a^k a^kᵀ of the centred rows a^k = W̃^k_ij[d] − W̄_ij[d]. One GEMM per child for each, [B, P] @
     [P, J·D] and [B, P(P+1)/2] @ [P(P+1)/2, J·D] (P = in_d + 1, M's upper triangle), against [B, N] @ [N, K·J·D]
     and the K-fold votes tensor: the fast path where P(P+1)/2 < K·P, i.e. in_d < 2K − 2, and the batch is large
-    enough to pay for M (:func:`moments_pay`).
+    enough to pay for M (`moments_pay`).
     u [B, I, N], weight [I, N, K, J, D], bias [I, K, J, D] or None -> (μ, σ²), each [I, B, J, D] (children first).
     """
     n_in, n, k, n_out, d = weight.shape
@@ -124,7 +124,7 @@ def cluster_moments(
 
 
 def moments_pay(batch: int, in_d: int, votes: int) -> bool:
-    """Whether :func:`cluster_moments` is the cheaper path: per image it multiplies P(P+1)/2 numbers per output
+    """Whether `cluster_moments` is the cheaper path: per image it multiplies P(P+1)/2 numbers per output
     against the votes' P·K (P = in_d + 1), and per step it forms M once, P²·K per output in small batched matmuls
     (measured at about twice their multiply count in time): it pays from a batch of 2P²K / (PK − P(P+1)/2) images,
     48 at CapsNet's 1152 × 8 → 10 × 16 with K = 8 (docs/benchmarks.md)."""
@@ -141,7 +141,7 @@ class ClusterRoutingFC(nn.Module):
         votes: K, votes in each cluster (the authors' default 8).
         bias: a bias b^k_ij on each vote (the authors' transforms are biased convolutions: their default).
         norm: the LayerNorm of the parents (the authors' `acti`); False leaves s_j as it is.
-        fast: compute μ and σ² with :func:`cluster_moments` where that is cheaper (:func:`moments_pay`: in_d <
+        fast: compute μ and σ² with `cluster_moments` where that is cheaper (`moments_pay`: in_d <
             2K − 2 and a batch that pays for forming M); False always forms the K votes (the computation as written).
 
     Parameters: W [I, in_d, K, J, D] and b [I, K, J, D], drawn as PyTorch draws a linear map's from in_d inputs

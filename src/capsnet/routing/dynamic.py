@@ -72,7 +72,7 @@ class Router(KernelLayer, nn.Module):
         iterations: routing iterations r ≥ 1 (the paper uses 3).
         detach_votes: stop gradients through û_j|i in every iteration but the last (a common variant;
             the paper's default, False, backpropagates through all of them).
-        weight_std: initial std of W; defaults to :func:`default_weight_std`.
+        weight_std: initial std of W; defaults to `default_weight_std`.
         leaky: the paper's §7 "none-of-the-above" routing (its CIFAR-10 model): an extra logit of zero joins the
             softmax over the output capsules, so an input capsule can send part of its vote nowhere; that share is
             dropped afterwards (the official code's `_leaky_routing`).
@@ -83,13 +83,13 @@ class Router(KernelLayer, nn.Module):
             outputs j) or "inputs" (over the input capsules i, as gram-ai/capsule-networks computes it; for
             their converted weights). "inputs" runs the plain autograd path.
         fast: use a fast path with a hand-derived backward (fp32 under autocast) instead of the plain autograd
-            path (:func:`route_votes` + :func:`dynamic_routing`): on CPUs the fused C++ kernel of
-            :mod:`capsnet.routing.dynamic_cpu` (once built: ``capsnet build-kernels``; ``CAPSNET_NO_EXT=1`` disables
-            it); on CUDA under the "triton" backend, the Triton kernels of :mod:`capsnet.routing.dynamic_triton`;
-            elsewhere, or until it is built, :func:`capsnet.routing.fast_dynamic_routing` (large-K GEMMs). All
+            path (`route_votes` + `dynamic_routing`): on CPUs the fused C++ kernel of
+            `capsnet.routing.dynamic_cpu` (once built: ``capsnet build-kernels``; ``CAPSNET_NO_EXT=1`` disables
+            it); on CUDA under the "triton" backend, the Triton kernels of `capsnet.routing.dynamic_triton`;
+            elsewhere, or until it is built, `capsnet.routing.fast_dynamic_routing` (large-K GEMMs). All
             compute the same function; the fast ones support a single backward pass only, so set
             ``router.fast = False`` for double backward (e.g. gradient penalties). `router.backend` ("auto", "cpp",
-            "torch", "triton"; None: the global choice of :func:`capsnet.routing.set_backend`) decides between the
+            "torch", "triton"; None: the global choice of `capsnet.routing.set_backend`) decides between the
             kernels and the GEMM path.
 
     `weight` has the layout of labml's reference code (in_caps, out_caps, in_d, out_d), so its state dicts load
@@ -218,7 +218,7 @@ def dynamic_routing(
     """Procedure 1 on precomputed votes û [B, in, out, out_d]. Returns v [B, out, out_d] and the final c.
 
     `leaky`: §7's extra zero logit in the softmax over the outputs (its share dropped); `bias` [out, out_d]: added to
-    s_j before the squash; `coupling="inputs"`: the softmax runs over the input capsules (see :class:`Router`)."""
+    s_j before the squash; `coupling="inputs"`: the softmax runs over the input capsules (see `Router`)."""
     batch, n_in, n_out, _ = u_hat.shape
     u_hat_routing = u_hat.detach() if detach_votes else u_hat
     b = u_hat.new_zeros(batch, n_in, n_out)  # b_ij ← 0  [B, in, out]

@@ -3,15 +3,15 @@
 The kernel (``csrc/routing_cpu.cpp``) works one sample at a time, in parallel over the batch: a sample's votes
 û_j|i = W_ijᵀ u_i [in, out, out_d] (737 KB fp32 for MNIST) stay in the L2 cache while all r routing passes run
 on them, so routing costs a few MFLOP per sample instead of a sequence of memory-bound tensor ops. The backward
-pass is the hand derivation of :class:`capsnet.routing.FastRouting`: per sample it recomputes û and walks the
+pass is the hand derivation of `capsnet.routing.FastRouting`: per sample it recomputes û and walks the
 passes backwards, keeping only small factors (G_t = dL/db_t [in, out], ds_t, v_t [out, out_d]); then, in
 parallel over the input capsules, it rebuilds dL/dû from them and forms dL/du and dL/dW, summing over the batch in
 a fixed order (so dL/dW does not depend on the number of threads).
 
-The extension is compiled on request by :mod:`capsnet.routing.extension` (``capsnet build-kernels``, or the "cpp"
+The extension is compiled on request by `capsnet.routing.extension` (``capsnet build-kernels``, or the "cpp"
 backend; ``-O3 -march=native -fopenmp``; needs a C++ compiler and ninja) and cached in capsnet's kernel cache. Until
-it is built, :func:`available` is False and :class:`capsnet.Router` uses
-:func:`capsnet.routing.fast_dynamic_routing`.
+it is built, `available` is False and `capsnet.Router` uses
+`capsnet.routing.fast_dynamic_routing`.
 ``CAPSNET_NO_EXT=1`` disables the extension.
 """
 
@@ -132,7 +132,7 @@ def cpu_dynamic_routing(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Votes û_j|i = W_ij u_i and Procedure 1 by the fused CPU kernel. u [B, in, in_d], W [in, out, in_d, out_d].
 
-    Returns v [B, out, out_d] and the final c [B, in, out], as :func:`capsnet.routing.fast_dynamic_routing`.
+    Returns v [B, out, out_d] and the final c [B, in, out], as `capsnet.routing.fast_dynamic_routing`.
     float64 inputs are routed in float64, anything else (e.g. bf16 under autocast) in float32.
     """
     dtype = u.dtype if u.dtype in (torch.float32, torch.float64) else torch.float32

@@ -1,6 +1,6 @@
 """Fast dynamic routing (Procedure 1) without materializing the votes û_j|i.
 
-The plain formulation (:func:`capsnet.routing.dynamic_routing`) first builds all votes û [B, in, out, out_d]
+The plain formulation (`capsnet.routing.dynamic_routing`) first builds all votes û [B, in, out, out_d]
 with a batched matmul over the input capsules whose inner dimension is in_d (8 for MNIST), and then
 reduces that large tensor with more small-inner-dimension matmuls. Both are slow on CPUs.
 
@@ -14,7 +14,7 @@ u [B, in_d·in] @ W [(in_d·in), (out·out_d)]. Internally tensors are "out-majo
 softmax over the output capsules reduces over the outermost dimension) and inputs are [B, in_d, in] (so the
 elementwise products run along the long in_caps axis).
 
-The backward pass is derived by hand (:class:`FastRouting`, registered as the custom operators
+The backward pass is derived by hand (`FastRouting`, registered as the custom operators
 ``capsnet::fast_routing`` and ``capsnet::fast_routing_backward``): it keeps only the small per-iteration s_j and
 c_ij, walks Procedure 1 backwards, and expresses dL/dû = Σ_t (c_t ⊗ ds_t + da_t ⊗ v_t) through the same two
 kinds of products, so dL/du and dL/dW are again large-K GEMMs. The batch is processed in chunks so that the
@@ -109,10 +109,10 @@ def _route_chunk(u_t, w_k, w_flat, iterations, leaky=False, bias=None):
 
 
 def _backward_chunk(u_t, w_k, w_flat, ss, cs, grad_v, grad_c, detach_votes, need_u, leaky=False, need_bias=False):
-    """Reverse of :func:`_route_chunk`. grad_v [out, Bc, out_d], grad_c [out, Bc, in] or None.
+    """Reverse of `_route_chunk`. grad_v [out, Bc, out_d], grad_c [out, Bc, in] or None.
 
     Returns du [Bc, in_d, in] (None unless need_u) and this chunk's dL/dW in the two layouts of
-    :func:`weight_layouts` (dW_k transposed to [out, out_d, in_d·in]; either may be None)."""
+    `weight_layouts` (dW_k transposed to [out, out_d, in_d·in]; either may be None)."""
     n_out = w_k.shape[0]
     batch = u_t.shape[0]
     r = len(ss)

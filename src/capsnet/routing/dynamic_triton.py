@@ -1,14 +1,14 @@
 """Dynamic routing on CUDA GPUs by Triton kernels: the CUDA implementation of the fused routing operator.
 
-The fused operator `capsnet::routing_cpu` and its backward (:mod:`capsnet.routing.dynamic_cpu`; named after their
-first kernel, the C++ one for CPUs) get CUDA kernels here, written in Triton (:mod:`.dynamic_triton_kernels`), with
+The fused operator `capsnet::routing_cpu` and its backward (`capsnet.routing.dynamic_cpu`; named after their
+first kernel, the C++ one for CPUs) get CUDA kernels here, written in Triton (`.dynamic_triton_kernels`), with
 the same inputs, outputs and saved tensors: torch.compile and DistributedDataParallel see one node on either device,
 and the autograd registration is shared. As on the CPU, the votes are formed on chip and never stored, and the
 backward pass is derived by hand.
 
 Opt-in until a GPU measurement shows it faster than the PyTorch-op path: with the routing backend "triton"
-(:func:`capsnet.routing.set_backend`), or "auto" and ``CAPSNET_TRITON=1`` (Triton importable: CUDA builds of
-PyTorch ship it; ``pip install 'capsnet[triton]'`` elsewhere), :class:`capsnet.Router` routes plain Procedure 1 (not
+(`capsnet.routing.set_backend`), or "auto" and ``CAPSNET_TRITON=1`` (Triton importable: CUDA builds of
+PyTorch ship it; ``pip install 'capsnet[triton]'`` elsewhere), `capsnet.Router` routes plain Procedure 1 (not
 leaky, no bias) on CUDA tensors here. Tests run the kernels on the CPU under
 Triton's interpreter (``TRITON_INTERPRET=1``).
 """
@@ -62,7 +62,7 @@ MAX_ELEMENTS = 2**31 // 8  # the kernels index in int32: c_all [r-1, B, I, J] fo
 
 
 def applicable(u: torch.Tensor, weight: torch.Tensor, backend: str | None = None) -> bool:
-    """Whether :func:`triton_dynamic_routing` takes (u, weight): CUDA tensors of a size the kernels index in int32,
+    """Whether `triton_dynamic_routing` takes (u, weight): CUDA tensors of a size the kernels index in int32,
     and the routing backend (`backend`, else the global one) "triton", or "auto" with CAPSNET_TRITON=1 set. The
     "triton" backend without an importable Triton is a ConfigError, as "cpp" without a kernel is."""
     sizes = u.shape[0] * weight.shape[0] * weight.shape[1] * weight.shape[3] <= MAX_ELEMENTS
@@ -156,7 +156,7 @@ def forward(u: torch.Tensor, weight: torch.Tensor, iterations: int, launch: Laun
 
 def backward(grad_v, grad_c, u, weight, c_all, s_all, iterations: int, detach_votes: bool, need_u: bool,
              need_w: bool, launch: Launch | None = None):  # fmt: skip
-    """(dL/du [B, I, N] or None, dL/dW [I, J, N, M] or None) from the saved tensors of :func:`forward`;
+    """(dL/du [B, I, N] or None, dL/dW [I, J, N, M] or None) from the saved tensors of `forward`;
     grad_v [B, J, M] and grad_c [B, I, J] may be None (zero)."""
     k, plan = kernels(), _launch(u, weight, launch)
     assert k is not None
@@ -214,7 +214,7 @@ def _cuda_routing_backward(grad_v, grad_c, u, weight, c_all, s_all, iterations, 
 def triton_dynamic_routing(
     u: torch.Tensor, weight: torch.Tensor, iterations: int, *, detach_votes: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Votes û_j|i = W_ij u_i and Procedure 1 by the Triton kernels (CUDA tensors; :func:`applicable`).
+    """Votes û_j|i = W_ij u_i and Procedure 1 by the Triton kernels (CUDA tensors; `applicable`).
     u [B, in, in_d], W [in, out, in_d, out_d] -> v [B, out, out_d], the final c [B, in, out]. float64 inputs are
     routed in float64, anything else (e.g. bf16 under autocast) in float32."""
     dtype = u.dtype if u.dtype in (torch.float32, torch.float64) else torch.float32

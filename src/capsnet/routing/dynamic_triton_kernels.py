@@ -1,6 +1,6 @@
 """Triton kernels of dynamic routing (Procedure 1 of Sabour, Frosst & Hinton 2017), forward and backward.
 
-Imported only through :mod:`capsnet.routing.dynamic_triton` (Triton is optional). Shapes as in csrc/routing_cpu.cpp:
+Imported only through `capsnet.routing.dynamic_triton` (Triton is optional). Shapes as in csrc/routing_cpu.cpp:
 u [B, I, N] input capsules, W [I, J, N, M], votes û_ij = W_ijᵀ u_i (Eq. 2) [I, J, M] per sample. A program of a
 pass handles BB samples and one slice of the input capsules, BI capsules at a time, in tiles [BB, BI, BJ, BM] (BJ,
 BM: J and M rounded up to powers of two, masked): the votes of a tile are formed in registers from u and W (N

@@ -24,7 +24,7 @@ Choices beyond the paper's text, each cited:
   - *parents with one child* and σ → 0: σ² has a floor (`min_var`) so log σ and 1/σ² stay finite, and σ is never
     taken by a square root (its gradient is infinite at 0): log σ = ½ log σ².
 - The floor `min_var` defaults to 5e-4, the official `capsule_em` code's `min_var`; the gradient through the E-step
-  grows as 1/σ², and :class:`capsnet.models.EMCapsNet` uses 1e-2 (measured: docs/benchmarks.md).
+  grows as 1/σ², and `capsnet.models.EMCapsNet` uses 1e-2 (measured: docs/benchmarks.md).
 - The last iteration's E-step is skipped (it changes neither μ nor a); the returned R is the one the final M-step
   used.
 

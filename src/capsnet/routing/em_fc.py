@@ -8,7 +8,7 @@ Every child i votes for every parent j, and EM fits one Gaussian per parent to t
   μ_j    mean of the votes weighted by R_ij a_i  (the parent's pose)     [B, n_out, 16]
   a_j    sigmoid(λ (β_a − Σ_h (β_u + log σ_jh) Σ_i R_ij a_i))            [B, n_out]
 
-with :func:`capsnet.routing.em.em_routing` (its λ schedule, σ² floor and Gritzman's data normalisation). The
+with `capsnet.routing.em.em_routing` (its λ schedule, σ² floor and Gritzman's data normalisation). The
 paper's capsules are 4×4 matrices voting M_i W_ij; CapsNet's primary capsules are vectors of any size, so here the
 vote is a linear map of the vector, as dynamic routing's is (EMCapsNet's ConvCaps and ClassCaps are the matrix
 form). The children's activations a_i are given (CapsNet gives their lengths |u_i|) or 1; the parents' a_j are
@@ -38,8 +38,8 @@ class EMRoutingFC(nn.Module):
         in_caps, out_caps, in_d: numbers of children and parents, and the children's dimension.
         out_d: the parents' dimension; EM routing's Gaussians are over 16 pose entries, so it must be 16.
         iterations: EM iterations r (the paper: 3).
-        weight_std: initial std of W (default: :func:`capsnet.routing.dynamic.default_weight_std`, 1/√in_caps).
-        final_lambda, min_var: λ_final and the σ² floor of :func:`em_routing` (defaults: the authors' λ and
+        weight_std: initial std of W (default: `capsnet.routing.dynamic.default_weight_std`, 1/√in_caps).
+        final_lambda, min_var: λ_final and the σ² floor of `em_routing` (defaults: the authors' λ and
             TRAINED_MIN_VAR, the floor EMCapsNet trains with).
     """
 

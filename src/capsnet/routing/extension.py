@@ -2,24 +2,24 @@
 
 Each kernel is one C++ file in ``csrc/`` (``routing_cpu.cpp``: dynamic routing; ``inverted_attention_cpu.cpp``:
 inverted dot-product attention routing); the building blocks they share are in ``csrc/routing_common.h``, which is
-spliced into a kernel's text in place of its ``#include "routing_common.h"`` line (:func:`extension_source`). The
+spliced into a kernel's text in place of its ``#include "routing_common.h"`` line (`extension_source`). The
 text is compiled with ``torch.utils.cpp_extension.load_inline`` (``-O3 -march=native -fopenmp``, or without
 ``-march=native`` if that fails; needs a C++ compiler and ninja) into capsnet's own cache, one folder per build
-(``~/.cache/capsnet/extensions/<name>``, or under ``$CAPSNET_EXTENSIONS``; :func:`extensions_root`). The name
-carries a hash of the whole text and of the build key (:func:`build_key`: the torch version, its CPU/CUDA flavour,
+(``~/.cache/capsnet/extensions/<name>``, or under ``$CAPSNET_EXTENSIONS``; `extensions_root`). The name
+carries a hash of the whole text and of the build key (`build_key`: the torch version, its CPU/CUDA flavour,
 the Python ABI, the compiler and the CPU model with its instruction-set flags), so two venvs or two torch versions
 on one machine never replace each other's build, a change to a kernel or its header gets a fresh build, and a
 cached build is loaded without compiling.
 
 No forward compiles without being asked (docs/benchmarks.md, "No surprise build"). A compilation happens only in
-:meth:`LazyExtension.build` (``capsnet build-kernels``, :func:`capsnet.routing.kernels.build_kernels`) or under the
+`LazyExtension.build` (``capsnet build-kernels``, `capsnet.routing.kernels.build_kernels`) or under the
 "cpp" backend, which demands the kernel. Under "auto" a layer uses a kernel already in the cache (loaded, not
 compiled) and otherwise its PyTorch path, after one log line per process (logger "capsnet", WARNING) saying how to
-get the kernel (:data:`NOT_BUILT`). A real compilation prints one notice line on stderr (what, where, and how long
+get the kernel (`NOT_BUILT`). A real compilation prints one notice line on stderr (what, where, and how long
 the last build took on this machine); os.environ is left as it was. A cached build that does not load gives one
 warning and the PyTorch path. Whether a layer uses its kernel is the routing backend's choice
-(:mod:`capsnet.routing.backend`: "auto", "cpp" or "torch"); ``CAPSNET_NO_EXT=1`` disables the kernels.
-A kernel's module (e.g. :mod:`capsnet.routing.dynamic_cpu`) exposes `build`, `load`, `available` and `applicable`.
+(`capsnet.routing.backend`: "auto", "cpp" or "torch"); ``CAPSNET_NO_EXT=1`` disables the kernels.
+A kernel's module (e.g. `capsnet.routing.dynamic_cpu`) exposes `build`, `load`, `available` and `applicable`.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ import torch
 
 from ..errors import KernelBuildError
 from ..fileio import atomic_write_json
+from ..logs import LOGGER
 from .backend import BACKENDS
 from .backend import resolve as resolve_backend
 
@@ -180,7 +181,7 @@ def extension_source(source_path: Path) -> str:
 
 def extension_name(prefix: str, source: str, cpu: str | None, key: Mapping[str, str] | None = None) -> str:
     """`prefix_<hash>` (`prefix_generic_<hash>` when `cpu` is None: the build without -march=native): the hash covers
-    the source text, the CPU model and the build key (default: :func:`build_key`)."""
+    the source text, the CPU model and the build key (default: `build_key`)."""
     key = build_key() if key is None else key
     text = "\n".join([cpu or "generic", *(f"{k}={key[k]}" for k in sorted(key)), source])
     digest = hashlib.sha1(text.encode()).hexdigest()[:12]
@@ -196,9 +197,9 @@ def build_extension(
     key: Mapping[str, str] | None = None,
 ) -> ModuleType:
     """Compile the C++ file `source_path` (headers spliced in) with -march=native, else without, in its own folder
-    of :func:`extensions_root` named by :func:`extension_name`; a build already there is loaded without compiling.
+    of `extensions_root` named by `extension_name`; a build already there is loaded without compiling.
     Before a real compilation, one line on stderr names `notice` (what is built), where, and how long it takes.
-    Raises RuntimeError if neither builds. os.environ is left as it was (:func:`build_environment`)."""
+    Raises RuntimeError if neither builds. os.environ is left as it was (`build_environment`)."""
     from torch.utils.cpp_extension import load_inline
 
     source = extension_source(source_path)
@@ -214,7 +215,7 @@ def build_extension(
             folder = extensions_root() / name
             compiles = not is_built(name)
             if notice and compiles:
-                print(build_notice(notice, prefix, folder), file=sys.stderr, flush=True)
+                LOGGER.warning(build_notice(notice, prefix, folder))
             start = time.perf_counter()
             try:
                 folder.mkdir(parents=True, exist_ok=True)
@@ -246,8 +247,8 @@ def assume_constant_result(fn: Callable[[], bool]) -> Callable[[], bool]:
 
 
 class LazyExtension:
-    """The kernel `csrc/<name>.cpp`, built as `capsnet_<name>_…` by :func:`build_extension` on request
-    (:meth:`build`, or :meth:`load` under the "cpp" backend) and kept. `what` names it in messages ("the fused CPU
+    """The kernel `csrc/<name>.cpp`, built as `capsnet_<name>_…` by `build_extension` on request
+    (`build`, or `load` under the "cpp" backend) and kept. `what` names it in messages ("the fused CPU
     routing kernel"), `fallback` what runs instead."""
 
     def __init__(self, name: str, *, what: str, fallback: str):
@@ -328,7 +329,7 @@ class LazyExtension:
         return module
 
     def usable(self, backend: str | None = None) -> bool:
-        """Whether a layer whose `backend` is `backend` (None: the global choice, :mod:`capsnet.routing.backend`) runs
+        """Whether a layer whose `backend` is `backend` (None: the global choice, `capsnet.routing.backend`) runs
         this kernel on CPU tensors: never under "torch"; under "auto" if it is already built (never compiled here);
         under "cpp" always (built on the first call), and a kernel that does not build raises."""
         choice = resolve_backend(backend)

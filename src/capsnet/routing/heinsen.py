@@ -17,7 +17,7 @@ iterated r times (the paper: 3). "skm" (`p_model`) replaces log p_ij with soft k
 
 CapsNet's capsules are vectors: `rows` = 1 makes each a 1 × d matrix (as the authors' SST model routes vectors),
 its activation |u_i| is f(a_i) itself, and the class probability is f(a_j) = sigmoid(a_j). The authors' smallNORB
-model routes 4 × 4 matrices (`rows` = 4) with activation logits (:meth:`HeinsenRouting.route`). With `in_caps` = −1
+model routes 4 × 4 matrices (`rows` = 4) with activation logits (`HeinsenRouting.route`). With `in_caps` = −1
 any number of children routes through one W, B and β shared by all of them (the authors' n_inp = −1).
 
 Parameters: W [I, J, c_in, c_out] (normal / c_in), B [I, J, rows, c_out], β^use and β^ign [I, J] (from 0); I is 1

@@ -13,14 +13,14 @@ layer L and parent capsules j in layer L+1:
 The parents compete for each child (softmax over j), hence "inverted" attention. With p_j = 0 the first pass
 routes uniformly. In a network of several capsule layers the iterations run concurrently (§2.2, Procedure 2):
 one uniform pass up the stack, then every iteration updates every layer from the previous iteration's poses of
-the layers below and above it; :func:`concurrent_routing` does that. A layer called on its own routes
+the layers below and above it; `concurrent_routing` does that. A layer called on its own routes
 sequentially: `iterations` passes, each from its own previous output.
 
 On CPUs the layers run every pass of a call, votes included, as one fused kernel with an analytic backward
-(:mod:`capsnet.routing.inverted_attention_cpu`); elsewhere, with `layer.fast = False`, or where the kernel cannot be
-built, they use :func:`inverted_attention_step` below, the reference the kernel is tested against.
+(`capsnet.routing.inverted_attention_cpu`); elsewhere, with `layer.fast = False`, or where the kernel cannot be
+built, they use `inverted_attention_step` below, the reference the kernel is tested against.
 
-:class:`InvertedAttentionFC` connects every child to every parent; :class:`InvertedAttentionConv` connects the
+`InvertedAttentionFC` connects every child to every parent; `InvertedAttentionConv` connects the
 children in a k×k window (all input types) to the parents at that location, with weights shared over locations.
 """
 
@@ -57,7 +57,7 @@ def inverted_attention_step(
 class _InvertedAttention(KernelLayer, nn.Module):
     """Shared parts: the weights, the LayerNorm of Eq. 4, the number of sequential iterations, and the choice of
     the fused CPU kernel (`fast`, default True; False: the PyTorch reference, which also allows double backward;
-    `backend`: see :mod:`capsnet.routing.backend`)."""
+    `backend`: see `capsnet.routing.backend`)."""
 
     matrix_pose: bool
     scale: float
@@ -196,12 +196,12 @@ class InvertedAttentionConv(_InvertedAttention):
         return self._grid(p, u.shape[0], ho, wo), r.view(u.shape[0], ho * wo, *r.shape[1:])
 
     def forward(self, u: torch.Tensor, *, parent: torch.Tensor | None = None) -> torch.Tensor:
-        """u [B, in_types, H, W, d] -> [B, out_types, H', W', d]; `parent` as in :class:`InvertedAttentionFC`."""
+        """u [B, in_types, H, W, d] -> [B, out_types, H', W', d]; `parent` as in `InvertedAttentionFC`."""
         return self.route(u, parent, 1 if parent is not None else self.iterations)[0]
 
 
 def released_windows(cols: torch.Tensor, matrix_pose: bool) -> torch.Tensor:
-    """The authors' released window expansion (see :class:`InvertedAttentionConv`) from the true windows
+    """The authors' released window expansion (see `InvertedAttentionConv`) from the true windows
     cols [B, L, T, k·k, d]: per (type, offset), the [L, d] block of poses is reread from its [d, L] transpose's
     memory. With matrix poses the components are first put in the authors' order (the transpose) and back after."""
     b, n_loc, t, kk, d = cols.shape

@@ -10,12 +10,12 @@ sums [B, T, out, d] and of the agreements [T-1, B, in, out]), then, in parallel 
 dL/du and dL/dW (summed over the batch in a fixed order, so the result does not depend on the thread count).
 
 Matrix poses (√d×√d matrices P_i, W_ij √d×√d) go through the same kernel: V_ij = W_ij P_i costs √d multiply-adds
-per vote element, as written, with W_ij passed as √d rows of d (:func:`matrix_weight_rows`; autograd folds their
+per vote element, as written, with W_ij passed as √d rows of d (`matrix_weight_rows`; autograd folds their
 gradient back onto W).
 
-Built on request by :mod:`capsnet.routing.extension`, as dynamic routing's kernel (``capsnet build-kernels``; needs
+Built on request by `capsnet.routing.extension`, as dynamic routing's kernel (``capsnet build-kernels``; needs
 a C++ compiler and ninja, cached in capsnet's kernel cache; the building blocks both kernels share are in
-``csrc/routing_common.h``). Until it is built, :func:`available` is False and the layers use the plain PyTorch
+``csrc/routing_common.h``). Until it is built, `available` is False and the layers use the plain PyTorch
 computation;
 ``CAPSNET_NO_EXT=1`` disables it.
 """
@@ -45,7 +45,7 @@ def _forward_op(
     passes: int, scale: float, eps: float, matrix: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(p [B, out, d], r [B, in, out] of the last pass, r_all [K, B, in, out] of the passes with agreement,
-    s_all [B, passes, out, d] the sums before LayerNorm). With `matrix`, weight is :func:`matrix_weight_rows`'s."""
+    s_all [B, passes, out, d] the sums before LayerNorm). With `matrix`, weight is `matrix_weight_rows`'s."""
     p0 = None if parent is None else parent.contiguous()
     p, r_all, s_all = _kernel().forward(
         u.contiguous(), weight.contiguous(), gamma.contiguous(), beta.contiguous(), p0, passes, scale, eps, matrix

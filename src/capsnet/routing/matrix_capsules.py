@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .em import FINAL_LAMBDA, MIN_VAR, EMResult, em_routing, inverse_temperature
+from ..configs.base import FINAL_LAMBDA
+from .em import MIN_VAR, EMResult, em_routing, inverse_temperature
 from .em_conv import conv_em_routing
 
 
@@ -26,7 +27,7 @@ class _CentredActivations(nn.Module):
     The flag is a buffer (saved with the weights) mirrored by a host bool, `centred`, so that the check in every
     training forward never reads the device; loading a state dict sets both. Under DistributedDataParallel the
     centring must happen before the model is wrapped, on a batch every rank agrees on
-    (:meth:`capsnet.models.em_capsnet.EMCapsNet.init_from_data`; `capsnet train` does so): DDP never broadcasts
+    (`capsnet.models.em_capsnet.EMCapsNet.init_from_data`; `capsnet train` does so): DDP never broadcasts
     the parameters again."""
 
     iterations: int  # (set by the subclasses)

@@ -2,7 +2,7 @@
 
 `build_routing(NAME, in_caps=, out_caps=, in_d=, out_d=, iterations=, **options)` imports the layer class or
 factory the record names, calls it with those keywords (and the options its record lists), and checks that what it
-returns is a routing layer: an nn.Module that follows :class:`capsnet.routing.base.RoutingLayer` with the sizes
+returns is a routing layer: an nn.Module that follows `capsnet.routing.base.RoutingLayer` with the sizes
 asked for. A plugin's layer that does not is a ConfigError naming the plugin.
 
 The factories below adapt the built-in layers whose constructors take other arguments to that call.
@@ -72,7 +72,7 @@ def self_attention_layer(
     *, in_caps: int, out_caps: int, in_d: int, out_d: int, iterations: int = 1, weight_std: float | None = None
 ) -> SelfAttentionRouter:
     """Efficient-CapsNet's routing in CapsNet: W starts as Router's does (the fan-in rule of
-    :func:`default_weight_std`: s_j sums in_caps votes, 1152 in CapsNet against Efficient-CapsNet's 16).
+    `default_weight_std`: s_j sums in_caps votes, 1152 in CapsNet against Efficient-CapsNet's 16).
     It does not iterate: `iterations` is ignored."""
     std = default_weight_std(in_caps) if weight_std is None else weight_std
     return SelfAttentionRouter(in_caps, out_caps, in_d, out_d, weight_std=std)

@@ -48,7 +48,7 @@ class SelfAttentionRouter(nn.Module):
         in_caps, out_caps, in_d, out_d: numbers and dimensions of the input and output capsules.
         weight_std: initial std of W (default √(2 / in_d), He initialisation over a vote's fan-in).
 
-    Parameters: W [in_caps, out_caps, in_d, out_d] (the layout of :class:`capsnet.routing.Router`) and the
+    Parameters: W [in_caps, out_caps, in_d, out_d] (the layout of `capsnet.routing.Router`) and the
     log prior b [in_caps, out_caps], initialised to 0. Efficient-CapsNet's MNIST layer (16×8D → 10×16D) has
     16·10·8·16 + 16·10 = 20,640 of them.
     """

@@ -11,13 +11,13 @@ activation a_i) and parent j,
 W^route and b^route start at 0, so every child starts routing uniformly (c_ij = 1/n_out). Since Σ_j c_ij = 1, the
 parents' activations of a fully connected layer sum to 1: a distribution over the parents (the classes).
 
-:class:`SelfRoutingFC` connects every child to every parent; :class:`SelfRoutingConv` the children in a k×k window
+`SelfRoutingFC` connects every child to every parent; `SelfRoutingConv` the children in a k×k window
 (all input types) to the parents at that location, weights shared over locations, and the sums over i above run
 over the window.
 
-Both run :func:`capsnet.routing.self_routing_fast.fast_self_routing` by default (`fast=True`): the same function
+Both run `capsnet.routing.self_routing_fast.fast_self_routing` by default (`fast=True`): the same function
 without the votes, as large-K GEMMs with a hand-derived backward (differentiable once; set `layer.fast = False`
-for double backward). :func:`self_routing` below, the paper's computation as written, is the reference.
+for double backward). `self_routing` below, the paper's computation as written, is the reference.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Fast self-routing: the parent poses as large-K GEMMs, without the votes.
 
-The plain formulation (:func:`capsnet.routing.self_routing.self_routing`) builds every vote û_j|i = W_ij u_i
+The plain formulation (`capsnet.routing.self_routing.self_routing`) builds every vote û_j|i = W_ij u_i
 [B, in, out, out_d] (47 MB at CapsNet's size, batch 64) with 1152 · 10 products whose inner dimension is in_d (8),
 then reduces it. But the parent pose is linear in the votes, and the votes in the inputs: with w_ij = c_ij a_i,
 
   Σ_i w_ij û_j|i = Σ_(n,i) (w_ij u_in) W_ijnm:   X_j = w_j ⊙ u  [B, in_d·in],   Σ_i w_ij û_j|i = X_j W_j  [B, out_d]
 
 one GEMM per parent j with K = in_d · in (9216 at CapsNet's size), W_j = W[:, j] laid out as [(n, i), m]. The
-backward pass is three such GEMMs again (:class:`_WeightedVotes`): Z_j = dnum_j W_jᵀ, then dL/dw_ij = Σ_n u_in Z_jni
+backward pass is three such GEMMs again (`_WeightedVotes`): Z_j = dnum_j W_jᵀ, then dL/dw_ij = Σ_n u_in Z_jni
 and dL/du_in = Σ_j w_ij Z_jni, and dL/dW_j = X_jᵀ dnum_j (X recomputed). The batch runs in chunks, so that the
 [out, chunk, in_d·in] temporaries are small and reused.
 
@@ -18,7 +18,7 @@ by the columns (the batch of the GEMMs becomes B·√d).
 Internally tensors are "out-major" [out, B, ..., in]: the softmax over the parents reduces over the outermost
 dimension and every elementwise product runs along the long in axis (a softmax over a last dimension of size 10,
 as in the plain formulation, is 20× slower on CPUs). The routing logits W^route_i u_i are a sum of in_d such
-products (:class:`_RouteLogits`). Measured in docs/benchmarks.md ("Routing algorithms: each layer vs a
+products (`_RouteLogits`). Measured in docs/benchmarks.md ("Routing algorithms: each layer vs a
 transcription of its paper").
 """
 
@@ -152,7 +152,7 @@ def fast_self_routing(
     u: torch.Tensor, a: torch.Tensor, pose_weight: torch.Tensor | None, route_weight: torch.Tensor,
     route_bias: torch.Tensor, *, matrix_pose: bool = False, chunk: int | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Self-routing of a fully connected layer, equal to :func:`capsnet.routing.self_routing.self_routing`
+    """Self-routing of a fully connected layer, equal to `capsnet.routing.self_routing.self_routing`
     (same arguments and returns: poses [N, n_out, d_out] or None, activations [N, n_out], c [N, n_in, n_out]),
     without forming the votes. float64 inputs run in float64, anything else (e.g. bf16 under autocast) in float32.
     Differentiable once."""

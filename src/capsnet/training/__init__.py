@@ -1,6 +1,6 @@
-"""Training and evaluation: the train loop, tasks, run folders and checkpoints, torchrun support, metrics.
+"""Training: the ways in (fit, train, resume), the loop, tasks, the evaluator, run folders, torchrun support.
 
-May import: capsnet.models, capsnet.data, capsnet.nn, capsnet.routing and the foundation modules; never
+May import: capsnet.models, capsnet.data, capsnet.nn, capsnet.routing and the foundation modules; never inference,
 experiments, viz or cli.
 """
 
@@ -9,29 +9,27 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from .config import FitConfig
-    from .evaluate import evaluate, evaluate_checkpoint, predict
-    from .fit import fit
+    from .api import fit, resume, train
+    from .classification import ClassificationTask
+    from .config import FitConfig, TrainConfig, TrainResult
+    from .evaluator import evaluate
     from .loader import LoaderTask
-    from .loop import TrainConfig, TrainResult, resume, train
-    from .tasks import Batch, ClassificationTask, Task
+    from .tasks import Batch, Task
 
 # Each name imports its module at its first read (torch-free modules of the package load without torch).
 __getattr__, __dir__ = lazy_attributes(
     __name__,
     {
         "FitConfig": "config",
-        "evaluate": "evaluate",
-        "evaluate_checkpoint": "evaluate",
-        "predict": "evaluate",
-        "fit": "fit",
+        "evaluate": "evaluator",
+        "fit": "api",
         "LoaderTask": "loader",
-        "TrainConfig": "loop",
-        "TrainResult": "loop",
-        "resume": "loop",
-        "train": "loop",
+        "TrainConfig": "config",
+        "TrainResult": "config",
+        "resume": "api",
+        "train": "api",
         "Batch": "tasks",
-        "ClassificationTask": "tasks",
+        "ClassificationTask": "classification",
         "Task": "tasks",
     },
 )
@@ -45,9 +43,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "evaluate",
-    "evaluate_checkpoint",
     "fit",
-    "predict",
     "resume",
     "train",
 ]

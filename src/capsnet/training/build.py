@@ -1,9 +1,11 @@
-"""What a training run is made of, put together before its first step: the run folder opened with its task and the
+"""A training run put together before its first step: its folder, task, model, optimizer and schedule.
+
+What a training run is made of, put together before its first step: the run folder opened with its task and the
 state.pt to resume from (capsnet.training.runfolder), the model on its device (its data-dependent initialisation
 done, then wrapped for DDP and torch.compile), Adam and its schedule, and the augmentation stream.
 
-Two ways in: :func:`build` makes the model from the registry name in a TrainConfig (what `capsnet train` does), and
-:func:`assemble` takes a model instance and any :class:`capsnet.training.tasks.Task` (what `capsnet.fit` does).
+Two ways in: `build` makes the model from the registry name in a TrainConfig (what `capsnet train` does), and
+`assemble` takes a model instance and any `capsnet.training.tasks.Task` (what `capsnet.fit` does).
 """
 
 from __future__ import annotations
@@ -18,14 +20,16 @@ from torch import nn
 
 from ..config import to_dict
 from ..errors import ConfigError
+from ..logs import LOGGER
+from ..models.memory import check_memory
 from ..models.pretrained import Pretrained
 from ..models.registry import MODELS
 from . import distributed as dist_utils
 from . import runfolder
+from .classification import ClassificationTask
 from .config import FitConfig, TrainConfig
 from .ema import WeightAverage
-from .memory import check_memory
-from .tasks import ClassificationTask, Task
+from .tasks import Task
 
 
 @dataclass
@@ -64,7 +68,7 @@ def make_adam(
 def build(config: TrainConfig, model_config, device: torch.device, dist, task: Task | None) -> Run:
     """`capsnet train`'s run: the folder opened with its task (by default the classification recipe on
     config.dataset; capsnet.training.runfolder.open_run), the model from the registry name config.model (the saved
-    one when resuming), then :func:`assemble`."""
+    one when resuming), then `assemble`."""
     model_class = MODELS[config.model]
     if model_config is not None and not isinstance(model_config, model_class.config_class):
         raise ConfigError(f"model {config.model!r} takes a {model_class.config_class.__name__}")
@@ -85,7 +89,7 @@ def build(config: TrainConfig, model_config, device: torch.device, dist, task: T
 
 def _build_model(opened: runfolder.OpenedRun, model_config: Any, device: torch.device, dist) -> Run:
     """The registry model of an opened run: its config from the state.pt when resuming, the data's fields filled
-    in, its memory checked, then :func:`assemble`."""
+    in, its memory checked, then `assemble`."""
     config, task, saved = opened.config, opened.task, opened.saved
     assert isinstance(config, TrainConfig)
     run_dir = Path(config.out)
@@ -102,7 +106,7 @@ def _build_model(opened: runfolder.OpenedRun, model_config: Any, device: torch.d
     if config.lr is None:  # the model's own for its size (CapsNet's and DeepCaps' fall with more votes per class)
         config = dataclasses.replace(config, lr=model_class.lr_for(model_config))
         if dist.is_main and saved is None:
-            print(f"lr {config.lr:g} ({config.model}'s default for its size; set --lr to change)", flush=True)
+            LOGGER.info(f"lr {config.lr:g} ({config.model}'s default for its size; set --lr to change)")
     assert config.batch_size is not None
     check_memory(model_config, config.batch_size, device)  # one line with the fixes, before allocating anything
     torch.manual_seed(config.seed)
@@ -147,8 +151,8 @@ def assemble(
 
 
 def init_from_data(model: nn.Module, task: Task, config, device: torch.device, dist) -> None:
-    """The model's data-dependent initialisation (:meth:`Pretrained.init_from_data`), to run before DDP wraps it:
-    on a first batch that every rank computes alike (:meth:`Task.init_batch`), so that all ranks start from the
+    """The model's data-dependent initialisation (`Pretrained.init_from_data`), to run before DDP wraps it:
+    on a first batch that every rank computes alike (`Task.init_batch`), so that all ranks start from the
     same weights. Nothing for a model that needs none (a module of one's own: one with an `init_from_data`)."""
     hook = getattr(type(model), "init_from_data", None)
     if hook is None or hook is Pretrained.init_from_data:

@@ -1,11 +1,12 @@
-"""The training run folder, written atomically so that a kill at any moment leaves the previous checkpoint intact.
+"""The run folder's files and the checkpoint set that writes them, atomically: a kill never breaks the last one.
 
     RUN_DIR/config.json    {"train": TrainConfig, "model": CapsNetConfig}
     RUN_DIR/summary.csv    one row per epoch (COLUMNS)
     RUN_DIR/last/, best/   save_pretrained folders (config.json + model.safetensors; for a module of one's own,
                            trained by capsnet.fit, its state_dict in model.safetensors and a config.json naming its
-                           class: :func:`save_model`); best/ is the epoch of the highest validation accuracy (test
-                           accuracy without a validation split; the lowest training loss with neither)
+                           class: `save_model`); best/ is the epoch the run's monitor chooses (by default the lowest
+                           validation loss; the test split's without a validation split; the lowest training loss
+                           with neither: capsnet.training.selection)
     RUN_DIR/state.pt       resumable state: weights, optimizer, scheduler, epoch/step, RNG states, history
                            (RNG: the CPU generator, every rank's augmentation stream, and on CUDA the device's
                            generator, e.g. for dropout)
@@ -17,7 +18,7 @@ state.pt holds only tensors, numbers, strings, lists and dicts, so it loads with
 The set is consistent after a kill at any moment. Each file is written atomically, and state.pt is written first:
 it is the commit point, and last/, best/ and summary.csv are views of it (last/ holds its weights; best/ does too
 when that save made a new best). A kill after state.pt leaves the views one save behind, each still a whole,
-earlier checkpoint; `--resume` rewrites them from state.pt (:func:`restore_views`) before it trains on.
+earlier checkpoint; `--resume` rewrites them from state.pt (`restore_views`) before it trains on.
 """
 
 from __future__ import annotations
@@ -35,12 +36,15 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from .._version import __version__
+from ..config import to_dict
 from ..errors import CheckpointError
 from ..fileio import atomic_open, atomic_write_bytes, atomic_write_json
 from ..models.pretrained import CONFIG_NAME, WEIGHTS_NAME, Pretrained, lightning_hint
 from ..models.registry import MODELS
+from . import distributed as dist_utils
 
 STATE_NAME = "state.pt"
+STATE_FORMAT = 1  # state.pt's format_version (a state without one is format 1): the next change keys its reading on it
 SUMMARY_NAME = "summary.csv"
 TEST_NAME = "test.json"
 COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr",
@@ -99,6 +103,10 @@ def load_state(run_dir: Path, map_location: str | torch.device = "cpu") -> dict[
         raise CheckpointError(f"{path}: cannot be loaded ({type(e).__name__}: {first})") from None
     if not isinstance(state, dict) or "model" not in state or "epoch" not in state:
         raise CheckpointError(f"{path}: not a capsnet training state")
+    version = state.get("format_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version > STATE_FORMAT:
+        raise CheckpointError(f"{path}: format_version {version!r}, written by a newer capsnet (this one reads "
+                              f"{STATE_FORMAT}); upgrade capsnet")  # fmt: skip
     missing = [key for key in STATE_REQUIRED if key not in state]
     if missing:
         raise CheckpointError(f"{path}: not a resumable capsnet training state (no {', '.join(missing)})")
@@ -116,8 +124,9 @@ STATE_TYPES: dict[str, type | tuple[type, ...]] = {
     "epoch": int, "batch_in_epoch": int, "step": int, "best": (dict, type(None)), "history": list,
     "running": list, "rng": dict,
 }  # fmt: skip
-# The entries every state.pt has had (capsnet 0.1.0's too), which a resume cannot do without.
-STATE_REQUIRED = ("model", "optimizer", "scheduler", "epoch", "batch_in_epoch", "step", "history", "running", "rng")
+# The entries a resume cannot do without.
+STATE_REQUIRED = ("model", "optimizer", "scheduler", "epoch", "batch_in_epoch", "step", "best", "history", "running",
+                  "rng")  # fmt: skip
 
 
 def get_rng_states(device: torch.device, augment_rng: torch.Generator, dist) -> dict[str, Any]:
@@ -135,7 +144,7 @@ def get_rng_states(device: torch.device, augment_rng: torch.Generator, dist) -> 
 
 
 def set_rng_states(states: dict[str, Any], device: torch.device, augment_rng: torch.Generator, dist) -> None:
-    """Restore what :func:`get_rng_states` saved: each rank's augmentation stream when the number of processes is
+    """Restore what `get_rng_states` saved: each rank's augmentation stream when the number of processes is
     the same, and the CUDA generator when the state has one and the run is on CUDA (older states have none)."""
     torch.set_rng_state(states["torch"].cpu())
     saved = states["augment"]
@@ -258,7 +267,7 @@ def view_metadata(state: dict[str, Any], view: str) -> dict[str, Any]:
 
 
 def checkpoint_info(folder: str | os.PathLike) -> dict[str, Any] | None:
-    """The "checkpoint" record of a save_pretrained folder written by a training run (see :func:`view_metadata`),
+    """The "checkpoint" record of a save_pretrained folder written by a training run (see `view_metadata`),
     or None for a folder without one (written by save_pretrained directly, or by a capsnet before 0.2)."""
     try:
         meta = json.loads((Path(folder) / CONFIG_NAME).read_text(encoding="utf-8"))
@@ -299,3 +308,44 @@ def _is_run_config(path: Path) -> bool:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return isinstance(meta, dict) and "train" in meta and "model_type" not in meta
+
+
+# ----------------------------------------------------------------------------------------------- the set
+def save_checkpoint(run: Any, state: Any, *, epoch_done: bool) -> None:
+    """The checkpoint set of `run` (a capsnet.training.build.Run) at `state` (a capsnet.training.state.RunState),
+    on rank 0 (with every rank's augmentation stream): state.pt first, the commit point; then its views last/,
+    best/ (when this epoch is the new best) and summary.csv."""
+    rng = get_rng_states(run.device, run.augment_rng, run.dist)  # a collective under torchrun: every rank calls it
+    running = [0.0] * 4 if epoch_done else dist_utils.all_sum(state.sums.to_list(), run.dist, run.device)
+    if not run.dist.is_main:
+        return
+    saved = {
+        "format_version": STATE_FORMAT,
+        "model": run.model.state_dict(),
+        "model_type": model_name(run.model),
+        "model_config": to_dict(run.model_config) if run.model_config is not None else None,
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "epoch": state.epoch + (1 if epoch_done else 0),
+        "batch_in_epoch": 0 if epoch_done else state.batch_in_epoch,
+        "step": state.step,
+        "best": state.best,
+        "validation": getattr(run.task, "recorded", {}).get("validation"),
+        "data": getattr(run.task, "recorded", {}).get("data"),
+        "history": state.history,
+        "running": running,  # [loss sum, correct, count, seconds], summed over the ranks
+        "running_ranks": run.dist.world_size,
+        "rng": rng,
+    }
+    if run.ema is not None:
+        saved["ema"] = run.ema.state_dict()
+    save_state(run.dir, saved)
+    save_model(run.model, run.dir / "last", metadata=view_metadata(saved, "last"))
+    if epoch_done and state.best.get("step") == state.step:
+        save_model(best_model_of(run, state.best), run.dir / "best", metadata=view_metadata(saved, "best"))
+    write_summary(run.dir, state.history)
+
+
+def best_model_of(run: Any, best: dict[str, Any]) -> torch.nn.Module:
+    """The weights best/ holds when this checkpoint is the best: the moving average's (--ema) or the model's."""
+    return run.ema.model if run.ema is not None and best.get("weights") == "ema" else run.model

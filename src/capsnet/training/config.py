@@ -1,4 +1,4 @@
-"""What `capsnet train` is told: the training config (its flags are generated from the fields), and what it returns."""
+"""What training is told and returns: a LoopConfig base, TrainConfig, FitConfig; TrainResult."""
 
 from __future__ import annotations
 
@@ -7,26 +7,118 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..configs.base import (
-    DATA_FIELDS,  # model options that come from the data set rather than from flags
     MODEL_CONFIGS,
     parse_size,
 )
 from ..errors import ConfigError, DatasetError
-from .monitor import DEFAULT_MONITOR, LEGACY_MONITOR, Monitor
-
-
-def check_decay(decay: float | None) -> None:
-    """ConfigError unless `decay` (an EMA's, `--ema`) is None or in (0, 1)."""
-    if decay is not None and not 0 < decay < 1:
-        raise ConfigError(f"ema must be a decay in (0, 1), e.g. 0.999, got {decay}")
-
+from .selection import DEFAULT_MONITOR, Monitor, check_decay
 
 LR_END = 0.25  # the last epoch's share of the learning rate when neither a decay nor lr_end is given
 
 
-@dataclass
-class TrainConfig:
-    """How to train; the model's own options live in its config (e.g. :class:`capsnet.CapsNetConfig`)."""
+@dataclass(kw_only=True)
+class LoopConfig:
+    """How the training loop runs, shared by `capsnet train` (TrainConfig) and `capsnet.fit` (FitConfig); recorded as
+    the run's "train" settings in config.json. The model's own options live in its config (e.g.
+    `capsnet.CapsNetConfig`)."""
+
+    epochs: int = field(default=10, metadata={"help": "number of epochs"})
+    batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "images per step, per process; if unset, the model's recipe (hvc-capsnet: 120), else 16 on "
+            "CPU and 128 on CUDA"
+        },
+    )
+    eval_batch_size: int = field(default=250, metadata={"help": "images per evaluation batch"})
+    lr: float | None = field(
+        default=None, metadata={"help": "Adam learning rate; if unset, the model's (CapsNet 1e-3, baseline CNN 1e-4)"}
+    )
+    lr_decay: float | None = field(
+        default=None,
+        metadata={"help": "learning rate factor applied after every epoch (or give --lr-end); if neither is set, the "
+                  "model's own decay where its recipe has one, else --lr-end 0.25"},
+    )  # fmt: skip
+    lr_end: float | None = field(
+        default=None,
+        metadata={"help": "the last epoch trains at lr x lr_end, the decay stretched over --epochs (0.25 over 3 "
+                  "epochs: x0.5 each); overrides the model's own decay; not with --lr-decay"},
+    )  # fmt: skip
+    val_fraction: float = field(
+        default=0.1,
+        metadata={"help": "share of the training images held out for validation (stratified, seeded by --val-seed): "
+                  "best/ is chosen on it by --monitor and the test split is scored once, at the end; 0.2-0.3 "
+                  "resolves late epochs better than the default on a small set (docs/training.md); 0 chooses best/ "
+                  "on the test set (the figure is then a maximum over epochs)"},
+    )  # fmt: skip
+    val_seed: int = field(default=0, metadata={"help": "seed of the validation hold-out (the same for every --seed)"})
+    monitor: str | None = field(
+        default=None,
+        metadata={"help": f"what chooses best/ on the validation split: val_loss, val_accuracy, or a comma list "
+                  f"compared in order (val_accuracy,val_loss: the loss breaks accuracy's ties); unset: "
+                  f"{DEFAULT_MONITOR}"},
+    )  # fmt: skip
+    ema: float | None = field(
+        default=None,
+        metadata={"help": "keep an exponential moving average of the weights with this decay (e.g. 0.999), "
+                  "scored on validation beside the raw weights each epoch; best/ may be either"},
+    )  # fmt: skip
+    seed: int = field(default=0, metadata={"help": "seed for initialisation, shuffling and augmentation"})
+    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda or cuda:K"})
+    precision: Literal["fp32", "bf16"] = field(default="fp32", metadata={"help": "bf16 runs under autocast"})
+    channels_last: bool = field(default=False, metadata={"help": "channels-last memory format for the convolutions"})
+    compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
+    cuda_graphs: bool = field(
+        default=False,
+        metadata={"help": "CUDA: capture the whole training step (batch gather and augmentation, forward, backward, "
+                  "Adam) as one CUDA graph and replay it; the epoch's last, smaller batch runs eagerly; where it "
+                  "cannot be captured, one line and eager training"},
+    )  # fmt: skip
+    cudnn_benchmark: bool | None = field(
+        default=None,
+        metadata={"help": "CUDA: let cuDNN time its convolution algorithms for each new input shape "
+                  "(torch.backends.cudnn.benchmark); unset: the session's setting (PyTorch's default: off)"},
+    )  # fmt: skip
+    out: str = field(default="runs/capsnet", metadata={"help": "run folder for checkpoints and metrics"})
+    resume: bool = field(default=False, metadata={"help": "continue the run in --out from its last checkpoint"})
+    overwrite: bool = field(
+        default=False, metadata={"help": "delete the run already in --out and start afresh (not with --resume)"}
+    )
+    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
+    tensorboard: bool = field(default=True, metadata={"help": "write TensorBoard scalars when installed"})
+    model: str = field(default="", metadata={"help": "what is trained: a registered model's name"})
+
+    def __post_init__(self) -> None:
+        self.out = str(self.out)
+        for name in ("epochs", "batch_size", "eval_batch_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.val_fraction < 1:
+            raise ConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
+        check_schedule(self.lr, self.lr_decay, self.lr_end)
+        if self.monitor is not None:
+            Monitor.parse(self.monitor)
+        check_decay(self.ema)
+        if self.overwrite and self.resume:
+            raise ConfigError("overwrite deletes the run that resume would continue: give one of them")
+
+    @property
+    def learning_rate(self) -> float:
+        """The Adam learning rate: `lr` if given, else 1e-3."""
+        return self.lr if self.lr is not None else 1e-3
+
+    @property
+    def decay_per_epoch(self) -> float:
+        """`lr_decay` if given, else the factor that brings the last epoch's learning rate to lr × lr_end."""
+        return decay_per_epoch(self.lr_decay, self.lr_end, self.epochs)
+
+
+@dataclass(kw_only=True)
+class TrainConfig(LoopConfig):
+    """How `capsnet train` trains: the loop's settings, and the data set and model by name (its flags are generated
+    from the fields)."""
 
     dataset: str = field(
         default="mnist-sample",
@@ -54,76 +146,12 @@ class TrainConfig:
     image_channels: int | None = field(
         default=None, metadata={"help": "image folders: 1 (greyscale) or 3 (RGB) (default: the most common mode)"}
     )
-    val_fraction: float = field(
-        default=0.1,
-        metadata={"help": "share of the training images held out for validation (stratified, seeded by --val-seed): "
-                  "best/ is chosen on it by --monitor and the test split is scored once, at the end; 0.2-0.3 "
-                  "resolves late epochs better than the default on a small set (docs/training.md); 0 chooses best/ "
-                  "on the test set (the figure is then a maximum over epochs)"},
-    )  # fmt: skip
-    monitor: str | None = field(
-        default=None,
-        metadata={"help": f"what chooses best/ on the validation split: val_loss, val_accuracy, or a comma list "
-                  f"compared in order (val_accuracy,val_loss: the loss breaks accuracy's ties); unset: "
-                  f"{DEFAULT_MONITOR} (a run recorded without it: {LEGACY_MONITOR})"},
-    )  # fmt: skip
-    ema: float | None = field(
-        default=None,
-        metadata={"help": "keep an exponential moving average of the weights with this decay (e.g. 0.999), "
-                  "scored on validation beside the raw weights each epoch; best/ may be either"},
-    )  # fmt: skip
-    val_seed: int = field(default=0, metadata={"help": "seed of the validation hold-out (the same for every --seed)"})
     test_fraction: float = field(
         default=0.1, metadata={"help": "one image folder of classes: the share of each class held out for testing"}
     )
     strict: bool = field(
         default=False, metadata={"help": "image folders: an unreadable file is an error instead of a warning"}
     )
-    epochs: int = field(default=10, metadata={"help": "number of epochs"})
-    batch_size: int | None = field(
-        default=None,
-        metadata={
-            "help": "images per step, per process; if unset, the model's recipe (hvc-capsnet: 120), else 16 on "
-            "CPU and 128 on CUDA"
-        },
-    )
-    lr: float | None = field(
-        default=None, metadata={"help": "Adam learning rate; if unset, the model's (CapsNet 1e-3, baseline CNN 1e-4)"}
-    )
-    lr_decay: float | None = field(
-        default=None,
-        metadata={"help": "learning rate factor applied after every epoch (or give --lr-end); if neither is set, the "
-                  "model's own decay where its recipe has one, else --lr-end 0.25"},
-    )  # fmt: skip
-    lr_end: float | None = field(
-        default=None,
-        metadata={"help": "the last epoch trains at lr x lr_end, the decay stretched over --epochs (0.25 over 3 "
-                  "epochs: x0.5 each); overrides the model's own decay; not with --lr-decay"},
-    )  # fmt: skip
-    eval_batch_size: int = field(default=250, metadata={"help": "images per evaluation batch"})
-    seed: int = field(default=0, metadata={"help": "seed for initialisation, shuffling and augmentation"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda or cuda:K"})
-    precision: Literal["fp32", "bf16"] = field(default="fp32", metadata={"help": "bf16 runs under autocast"})
-    channels_last: bool = field(default=False, metadata={"help": "channels-last memory format for the convolutions"})
-    compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
-    cuda_graphs: bool = field(
-        default=False,
-        metadata={"help": "CUDA: capture the whole training step (batch gather and augmentation, forward, backward, "
-                  "Adam) as one CUDA graph and replay it; the epoch's last, smaller batch runs eagerly; where it "
-                  "cannot be captured, one line and eager training"},
-    )  # fmt: skip
-    cudnn_benchmark: bool | None = field(
-        default=None,
-        metadata={"help": "CUDA: let cuDNN time its convolution algorithms for each new input shape "
-                  "(torch.backends.cudnn.benchmark); unset: the session's setting (PyTorch's default: off)"},
-    )  # fmt: skip
-    out: str = field(default="runs/capsnet", metadata={"help": "run folder for checkpoints and metrics"})
-    resume: bool = field(default=False, metadata={"help": "continue the run in --out from its last checkpoint"})
-    overwrite: bool = field(
-        default=False, metadata={"help": "delete the run already in --out and start afresh (not with --resume)"}
-    )
-    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
-    tensorboard: bool = field(default=True, metadata={"help": "write TensorBoard scalars when installed"})
     model: str = field(
         default="capsnet",
         metadata={"help": f"the network: {', '.join(MODEL_CONFIGS)}, or an installed plugin's (entry point group "
@@ -133,14 +161,13 @@ class TrainConfig:
     def __post_init__(self) -> None:
         from ..models.registry import MODELS  # (torch: the parser reads these fields without it)
 
+        super().__post_init__()
         self.model = MODELS.canonical(self.model)  # an alias (e.g. baseline-cnn) names its model; else ConfigError
-        for name in ("epochs", "batch_size", "eval_batch_size", "train_subset", "test_subset"):
+        for name in ("train_subset", "test_subset"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.shift < 0:
             raise ConfigError(f"shift must be >= 0, got {self.shift}")
-        if not 0 <= self.val_fraction < 1:
-            raise ConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if not 0 < self.test_fraction < 1:
             raise ConfigError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
         if self.image_channels not in (None, 1, 3):
@@ -149,10 +176,6 @@ class TrainConfig:
             parse_size(self.image_size)
         except DatasetError as e:
             raise ConfigError(str(e)) from None
-        check_schedule(self.lr, self.lr_decay, self.lr_end)
-        check_selection(self)
-        if self.overwrite and self.resume:
-            raise ConfigError("overwrite deletes the run that resume would continue: give one of them")
 
     @property
     def learning_rate(self) -> float:
@@ -174,62 +197,23 @@ class TrainConfig:
         return decay_per_epoch(self.lr_decay, self.lr_end, self.epochs)
 
 
-@dataclass
-class FitConfig:
-    """How :func:`capsnet.fit` trains: the loop's settings of a TrainConfig without its data and model flags (the
-    data and the model are given as objects). Recorded as the run's "train" settings in config.json."""
+@dataclass(kw_only=True)
+class FitConfig(LoopConfig):
+    """How `capsnet.fit` trains: the loop's settings (the data and the model are given as objects). `lr` None is
+    1e-3 (capsnet.fit gives the model's default_lr, or a resumed run's own)."""
 
     epochs: int
     out: str
-    model: str = ""  # what is trained: a registered model's name, or the module's qualified class name
-    batch_size: int | None = None  # a Dataset's images per step, per process (an iterable batches for itself)
-    eval_batch_size: int = 250
-    lr: float | None = None  # (None: 1e-3; capsnet.fit gives the model's default_lr, or a resumed run's own)
-    lr_decay: float | None = None  # (capsnet.fit gives the model's default_lr_decay when neither is given)
-    lr_end: float | None = None  # (None: LR_END)
-    val_fraction: float = 0.1  # held out of a Dataset given without val_data
-    val_seed: int = 0
-    monitor: str | None = None  # what chooses best/ (capsnet.training.monitor); None: the default, or the run's own
-    ema: float | None = None  # the decay of a moving average of the weights (capsnet.training.ema)
-    seed: int = 0
     workers: int = 0  # DataLoader worker processes reading a Dataset
-    device: str = "auto"
-    precision: Literal["fp32", "bf16"] = "fp32"
-    channels_last: bool = False
-    compile: bool = False
-    progress: bool = True
-    tensorboard: bool = True
-    resume: bool = False
-    overwrite: bool = False  # delete the run already in `out` and start afresh
     # Not keywords of capsnet.fit (`internal`): the batches of a Dataset or DataLoader are not capturable, so
     # always eager; cuDNN keeps the session's setting.
     cuda_graphs: bool = field(default=False, metadata={"internal": True})
     cudnn_benchmark: bool | None = field(default=None, metadata={"internal": True})
 
     def __post_init__(self) -> None:
-        self.out = str(self.out)
-        for name in ("epochs", "batch_size", "eval_batch_size"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        super().__post_init__()
         if self.workers < 0:
             raise ConfigError(f"workers must be >= 0, got {self.workers}")
-        if not 0 <= self.val_fraction < 1:
-            raise ConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
-        if self.precision not in ("fp32", "bf16"):
-            raise ConfigError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
-        check_schedule(self.lr, self.lr_decay, self.lr_end)
-        check_selection(self)
-        if self.overwrite and self.resume:
-            raise ConfigError("overwrite deletes the run that resume would continue: give one of them")
-
-    @property
-    def learning_rate(self) -> float:
-        return self.lr if self.lr is not None else 1e-3
-
-    @property
-    def decay_per_epoch(self) -> float:
-        """`lr_decay` if given, else the factor that brings the last epoch's learning rate to lr × lr_end."""
-        return decay_per_epoch(self.lr_decay, self.lr_end, self.epochs)
 
 
 def check_schedule(lr: float | None, lr_decay: float | None, lr_end: float | None) -> None:
@@ -254,7 +238,8 @@ def decay_per_epoch(lr_decay: float | None, lr_end: float | None, epochs: int) -
 @dataclass
 class TrainResult:
     """What a run did. `best` is {"epoch", "step", "metric", "value"}: the epoch best/ holds and the figure it was
-    chosen on ("val_acc"; "test_acc" without a validation split; "train_loss" with neither, capsnet.fit's). `test`
+    chosen on (the monitor's: "val_loss" by default, "val_acc" with val_accuracy; "test_*" without a validation split;
+    "train_loss" with neither). `test`
     is the run's test.json once it has finished: {"selected_on", "best": {"epoch", "accuracy", "loss", "n"},
     "last": {...}}; None before."""
 
@@ -271,27 +256,3 @@ class TrainResult:
     def best_test_acc(self) -> float | None:
         """The test accuracy of best/ (the validation-chosen checkpoint), once the run has finished."""
         return self.test.get("best", self.test["last"])["accuracy"] if self.test else None
-
-
-def check_selection(config: TrainConfig | FitConfig) -> None:
-    """ConfigError for a monitor or an EMA decay that is not one."""
-    if config.monitor is not None:
-        Monitor.parse(config.monitor)
-    check_decay(config.ema)
-
-
-def upgrade_monitor(data: dict[str, Any]) -> dict[str, Any]:
-    """A run recorded before `monitor` existed chose best/ on validation accuracy, and keeps doing so."""
-    return data if "monitor" in data else {**data, "monitor": LEGACY_MONITOR}
-
-
-def upgrade_train_dict(data: dict[str, Any]) -> dict[str, Any]:
-    """A run's recorded "train" config as today's TrainConfig keys. Runs made before validation splits recorded
-    `val_fraction` as the share of a single image folder held out for *testing* (today's `test_fraction`), and
-    chose best/ on the test set (today's `val_fraction=0`)."""
-    if "val_fraction" in data and "test_fraction" not in data:
-        data = {**data, "test_fraction": data["val_fraction"], "val_fraction": 0.0}
-    return data
-
-
-__all__ = ["DATA_FIELDS", "FitConfig", "TrainConfig", "TrainResult"]

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import check_decay
+from .selection import check_decay
 
 WARMUP = (1, 10)  # d_t = (a + t) / (b + t) before it reaches DECAY
 
@@ -64,6 +64,3 @@ class WeightAverage:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["weights"])
         self.decay, self.updates = float(state["decay"]), int(state["updates"])
-
-
-__all__ = ["WeightAverage", "check_decay"]

@@ -9,7 +9,7 @@ for the classification task with its uint8 training set resident on the GPU:
   random numbers come from the run's augmentation generator, registered with the graph (each replay draws new
   numbers, as eager steps do);
 - forward, loss and backward (the gradients live in the graph's memory pool);
-- the optimizer step: Adam built with `capturable=True` (:func:`capsnet.training.loop.make_adam`), its learning rate
+- the optimizer step: Adam built with `capturable=True` (`capsnet.training.build.make_adam`), its learning rate
   a device tensor that the schedule updates in place.
 
 Every replay has the same batch shape. An epoch's last, smaller batch runs eagerly (as the task's own batches would
@@ -21,14 +21,15 @@ the run trains eagerly after one line saying why.
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 
 import torch
 
 from ..data.batching import epoch_indices
-from .tasks import Batch, ClassificationTask
+from ..logs import LOGGER
+from .classification import ClassificationTask
+from .tasks import Batch
 
 WARMUP = 3  # eager steps before the capture (torch.cuda.graphs: "a few")
 StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # train_step(run, batch) -> (loss, n_correct)
@@ -52,8 +53,8 @@ def unsupported(run) -> str | None:
 
 def epoch_steps(run, epoch: int, start: int, step: StepFn) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]] | None:
     """The (loss, n_correct, batch size) of each step of `epoch` from batch `start`, by graph replays; None when
-    the run trains eagerly (one line on rank 0 the first time: :func:`unsupported`). The run keeps its
-    :class:`StepGraph` (`run.step_graph`) from epoch to epoch."""
+    the run trains eagerly (one line on rank 0 the first time: `unsupported`). The run keeps its
+    `StepGraph` (`run.step_graph`) from epoch to epoch."""
     if run.step_graph is None:
         why = unsupported(run)
         run.step_graph = StepGraph(run, step) if why is None else why
@@ -66,7 +67,7 @@ def epoch_steps(run, epoch: int, start: int, step: StepFn) -> Iterator[tuple[tor
 
 def _say(run, why: str) -> None:
     if run.dist.is_main:
-        print(f"capsnet: --cuda-graphs: {why}; training eagerly", file=sys.stderr, flush=True)
+        LOGGER.warning(f"capsnet: --cuda-graphs: {why}; training eagerly")
 
 
 class StepGraph:

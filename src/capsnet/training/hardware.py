@@ -1,4 +1,4 @@
-"""What the training device can do: which device to use, its default batch, and whether bf16 runs natively on it.
+"""What the training device can do and decides: which device, its default batch, whether bf16 runs natively.
 
 Default batch per process (`TrainConfig.batch_size` unset), with the model's own learning rate (CapsNet: Adam 1e-3,
 the paper's TensorFlow recipe at batch 128):
@@ -13,11 +13,15 @@ and newer), and CPUs with AVX512_BF16 or AMX. Elsewhere bf16 is emulated; on an 
 
 from __future__ import annotations
 
-import sys
+import dataclasses
+import logging
+from typing import Any
 
 import torch
 
 from ..errors import ConfigError
+from ..logs import LOGGER
+from ..models.registry import MODELS
 from .distributed import DistInfo
 
 DEFAULT_BATCH = {"cpu": 16, "cuda": 128}
@@ -49,11 +53,9 @@ def rank_device(device: torch.device, dist: DistInfo) -> torch.device:
         return device
     local = torch.device("cuda", dist.local_rank)
     if device.index is not None and device.index != dist.local_rank and dist.is_main:
-        print(
+        LOGGER.warning(
             f"capsnet: --device {device} ignored under torchrun: rank r trains on cuda:LOCAL_RANK (rank 0 on "
-            f"{local}); choose the GPUs with CUDA_VISIBLE_DEVICES",
-            file=sys.stderr,
-            flush=True,
+            f"{local}); choose the GPUs with CUDA_VISIBLE_DEVICES"
         )
     return local
 
@@ -96,3 +98,23 @@ def precision_note(device: torch.device, precision: str) -> str | None:
         f"capsnet: --precision bf16 is emulated on {what} and may run many times slower than fp32; "
         "--precision fp32 is the faster choice here"
     )
+
+
+def device_settings(config: Any, device: torch.device, *, flag: str, batches: bool,
+                    notes: list[tuple[str, int]]) -> Any:  # fmt: skip
+    """`config` with its batch size resolved (the model's recipe, else the device's default) and what was chosen
+    for the user appended to `notes` as (line, logging level): the batch size when the run `batches` at it, and a
+    precision the device emulates."""
+    if config.batch_size is None:
+        name = getattr(config, "model", None)  # (a FitConfig names no registry model)
+        recipe = getattr(MODELS[name], "default_batch_size", None) if isinstance(name, str) and name in MODELS else None
+        config = dataclasses.replace(config, batch_size=recipe or default_batch_size(device))
+        if batches:
+            option = "--batch-size" if flag.startswith("--") else "batch_size="
+            whose = f"{name}'s recipe" if recipe else f"the {device.type} default"
+            notes.append((f"batch size {config.batch_size} per process ({whose}; set {option} to change)",
+                          logging.INFO))  # fmt: skip
+    note = precision_note(device, config.precision)
+    if note:
+        notes.append((note, logging.WARNING))
+    return config

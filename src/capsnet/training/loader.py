@@ -1,10 +1,9 @@
-"""Training on any data (:func:`capsnet.fit`): a task whose batches come from a torch Dataset or an iterable of
-batches, such as a DataLoader.
+"""capsnet.fit's task: batches from a torch Dataset or an iterable of batches, such as a DataLoader.
 
 - A **Dataset** (map-style: `__getitem__` and `__len__`, e.g. a torch.utils.data.Dataset subclass of one's own)
   yields `(image, label)`: the image a tensor [C, H, W] (uint8 pixels, or floats in [0, 1]: the model's input
   recipe, capsnet.models.recipe, turns them into its input), the label a class index. capsnet batches it with
-  :class:`SeededSampler`: a fresh permutation each epoch, seeded by (seed, epoch) as `capsnet train` shuffles,
+  `SeededSampler`: a fresh permutation each epoch, seeded by (seed, epoch) as `capsnet train` shuffles,
   sharded over torchrun ranks as DistributedSampler shards.
   A run stopped mid-epoch resumes at the batch where it stopped: the done batches are skipped without being read.
 - An **iterable of batches** (a DataLoader, a list of batches, a streaming source without `__len__`) yields
@@ -15,7 +14,7 @@ batches, such as a DataLoader.
   iterables must have a length, the same on every rank (every rank takes as many steps).
 
 Validation: `val_data` if given; else, for a Dataset, a seeded, stratified `val_fraction` of it held out
-(:func:`capsnet.data.split.holdout_indices`, as `capsnet train --val-fraction`); else none, and best/ is chosen on
+(`capsnet.data.split.holdout_indices`, as `capsnet train --val-fraction`); else none, and best/ is chosen on
 the test data (its test figure is then a maximum over epochs, as with `--val-fraction 0`), or without test data
 on the training loss.
 """
@@ -26,7 +25,6 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
-from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler, Subset
 
 from ..data.batching import epoch_indices, num_batches
@@ -34,8 +32,9 @@ from ..data.split import holdout_indices
 from ..errors import ConfigError, DatasetError
 from ..models.recipe import InputRecipe
 from . import distributed as dist_utils
+from .evaluator import evaluate_batches
 from .record import FIT_TASK
-from .tasks import Batch, Task, evaluate_batches, mix_seed
+from .tasks import Batch, Task, mix_seed
 
 
 def is_dataset(data: Any) -> bool:
@@ -294,16 +293,12 @@ class LoaderTask(Task):
                                device=device, generator=None)  # fmt: skip
         return next(iter(batches), None)
 
-    def loss(self, model, out, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        loss, _ = model.loss(out, batch.images, batch.targets)
-        return loss, (out.predictions == batch.targets).sum()
-
     def evaluate(self, model, *, split="test", batch_size, device, dist) -> dict:
         source = self.val if split == "val" else self.test
         if source is None:
             raise DatasetError(f"no {split} data")
-        return evaluate_batches(model, self.eval_batches(source, batch_size, device, dist), score=_score,
-                                device=device, dist=dist)  # fmt: skip
+        batches = self.eval_batches(source, batch_size, device, dist)
+        return evaluate_batches(model, batches, device=device, dist=dist, lengths=True)
 
     def eval_batches(self, source: Source, batch_size: int, device: torch.device, dist) -> Iterator[Batch]:
         """A Dataset in order, rank r taking every world_size-th example; an iterable as it is (each rank its own)."""
@@ -314,13 +309,3 @@ class LoaderTask(Task):
         sampler = _Shard(len(source.data), dist.rank, dist.world_size)
         for images, labels in source.loader(sampler, batch_size=batch_size, device=device, seed=0):
             yield _on_device(images, labels, device, self.recipe)
-
-
-def _score(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Test time: forward without the labels (a decoder sees the predicted class), the model's loss, the hits."""
-    out = model(batch.images)
-    loss, _ = model.loss(out, batch.images, batch.targets)  # type: ignore[operator]
-    return loss, (out.predictions == batch.targets).sum()
-
-
-__all__ = ["LoaderTask", "SeededSampler", "check_batch", "check_example", "is_dataset"]

@@ -1,13 +1,13 @@
-"""`capsnet train`: the paper's MNIST recipe (§4), resumable, kill-safe, and scalable with torchrun.
+"""The training loop: epochs of steps, each epoch closed by validation, its checkpoint and its log line; the test once.
 
 Recipe (defaults): Adam, lr 1e-3 with exponential decay per epoch, stretched over the run so that the last epoch
 trains at lr × lr_end; random shifts of up to 2 px (§5); margin loss (Eq. 4) + 0.0005 × the summed squared
 reconstruction error, the decoder masked by the true label (§4.1).
 
-What is trained on comes from a :class:`capsnet.training.tasks.Task` (the MNIST recipe by default; MultiMNIST and
-expanded MNIST in :mod:`capsnet.experiments`); `model` chooses the network from the model registry. The same loop
-(:func:`run_loop`) trains what :func:`capsnet.fit` is given: a model instance on a Dataset or DataLoader
-(:class:`capsnet.training.loader.LoaderTask`).
+What is trained on comes from a capsnet.training.tasks.Task (the MNIST recipe by default; MultiMNIST and expanded
+MNIST in capsnet.experiments); `model` chooses the network from the model registry. The same loop (`run_loop`) trains
+what `capsnet.fit` is given: a model instance on a Dataset or DataLoader (capsnet.training.loader.LoaderTask). The
+ways in (`train`, `resume`, `fit`): capsnet.training.api.
 
 The training step never waits for the device: the loss, the correct count and their sums stay device tensors,
 read once per epoch and, for the progress bar, at most twice a second. Under torchrun, whether any rank was asked
@@ -18,84 +18,33 @@ small all-reduce), so a stop takes effect within STOP_CHECK_EVERY steps; a singl
 from __future__ import annotations
 
 import copy
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..fileio import atomic_write_json
+from ..logs import LOGGER
 from ..models.pretrained import WEIGHTS_NAME
 from . import distributed as dist_utils
 from . import graphs
-from .build import Run, build, make_adam
-from .checkpoint import TEST_NAME, load_weights, remove_strays
-from .config import DATA_FIELDS, FitConfig, TrainConfig, TrainResult
-from .hardware import rank_device, resolve_device
-from .monitor import Monitor, best_scores
-from .profiling import phase
-from .progress import _Logger, _StopFlag
-from .record import resumed_configs, split_changes
-from .runfolder import release, resumed_line
-from .state import EpochSums, RunState, restore, save_checkpoint
+from .build import Run
+from .callbacks import RunLog, StopFlag
+from .checkpoint import TEST_NAME, load_weights, remove_strays, save_checkpoint
+from .config import TrainConfig, TrainResult
+from .phases import phase
+from .record import write_record
+from .runfolder import resumed_line
+from .selection import choose_best
+from .state import EpochSums, RunState, restore
 from .stuck import epoch_stuck_line
-from .tasks import Batch, Task
-
-__all__ = ["DATA_FIELDS", "Run", "TrainConfig", "TrainResult", "build", "make_adam", "resolve_device", "resume",
-           "train"]  # fmt: skip
+from .tasks import Batch
 
 STOP_CHECK_EVERY = 16  # steps between the torchrun ranks' agreement on a stop (one all-reduce + one host sync)
 
 
 # ----------------------------------------------------------------------------------------------- the run
-def train(
-    config: TrainConfig,
-    model_config: Any = None,
-    *,
-    on_step: Callable[[int], bool] | None = None,
-    task: Task | None = None,
-) -> TrainResult:
-    """Train a model as `config` says; returns when done or when a stop was asked for.
-
-    `on_step(global_step)` is called after every optimizer step; returning True stops training with a
-    checkpoint, as SIGINT and SIGTERM do. `task` supplies the batches, loss and test metrics; by default the
-    MNIST classification recipe on `config.dataset` (its dataset, subset and shift fields).
-
-    Resuming (`config.resume`), `config` must agree with the run's recorded settings but for what may change
-    (capsnet.training.record.MAY_CHANGE); its unset (None) fields are the run's. :func:`resume` takes them all from
-    the run.
-    """
-    return launch(config, lambda device, dist: build(config, model_config, device, dist, task), on_step)
-
-
-def resume(out: str | Path, *, on_step: Callable[[int], bool] | None = None, **changes: Any) -> TrainResult:
-    """Continue the `capsnet train` run in `out` with its own recorded settings (config.json), as
-    `capsnet train --out OUT --resume` does. `changes` are TrainConfig fields or model options given again: each
-    must agree with the record unless it may change on resume (e.g. epochs=20, device="cuda"; see
-    capsnet.training.record.MAY_CHANGE); otherwise a ConfigError names it and both values."""
-    config, model_config = resumed_configs(out, *split_changes(changes))
-    return train(config, model_config, on_step=on_step)
-
-
-def launch(config: TrainConfig | FitConfig, make_run: Callable[..., Run], on_step) -> TrainResult:
-    """Join torchrun's process group (when launched by it) on this rank's device, build the run there with
-    `make_run(device, dist)` and train it (:func:`run_loop`); at the end, let go of the run folder's lock and
-    leave the group."""
-    dist = dist_utils.from_env()
-    device = rank_device(resolve_device(config.device), dist)
-    dist = dist_utils.setup(device, dist)  # on CUDA: set_device first, then NCCL
-    try:
-        run = make_run(device, dist)  # (a make_run that fails lets go of the folder itself)
-        try:
-            return run_loop(run, on_step)
-        finally:
-            release(run.dir)
-    finally:
-        dist_utils.teardown(dist)
-
-
 def run_loop(run: Run, on_step: Callable[[int], bool] | None) -> TrainResult:
     """Train `run` (restored from its state.pt when resuming) to its last epoch or a stop; the test split once."""
     dist = run.dist
@@ -106,18 +55,20 @@ def run_loop(run: Run, on_step: Callable[[int], bool] | None) -> TrainResult:
     if resuming and dist.is_main:
         assert run.config.batch_size is not None
         n_batches = run.task.num_batches(batch_size=run.config.batch_size, world_size=dist.world_size)
-        print(resumed_line(state.epoch, state.batch_in_epoch, n_batches, run.config.epochs), flush=True)
-    log = _Logger(run.dir, run.config, dist.is_main)
+        LOGGER.info(resumed_line(state.epoch, state.batch_in_epoch, n_batches, run.config.epochs))
+    if dist.is_main:
+        write_record(run.dir, run.config, run.model_config, run.task)
+    log = RunLog(run.dir, run.config, dist.is_main)
     log.start(run, state)
     stop = False
-    with _StopFlag() as signals:
+    with StopFlag() as signals:
         while state.epoch < run.config.epochs and not stop:
             stop = train_epoch(run, state, log, signals, on_step)
             if stop:  # stopped mid-epoch: save where we are (or keep the last epoch's checkpoint, see Task)
                 if run.task.resumes_mid_epoch:
                     save_checkpoint(run, state, epoch_done=False)
                 break
-            row = evaluate_epoch(run, state)
+            row = close_epoch(run, state)
             save_checkpoint(run, state, epoch_done=True)
             log.epoch(row)
             state.next_epoch()
@@ -142,7 +93,7 @@ def train_step(run: Run, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         batch.images = batch.images.contiguous(memory_format=torch.channels_last)
     with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.config.precision == "bf16"):
         out = run.task.forward(run.trained, batch)
-        with phase("loss"):  # (profiler ranges, no-ops unless a profile is taken: capsnet.training.profiling)
+        with phase("loss"):  # (profiler ranges, no-ops unless a profile is taken: capsnet.training.phases)
             loss, n_correct = run.task.loss(run.model, out, batch)
     with phase("backward"):
         run.optimizer.zero_grad(set_to_none=True)
@@ -152,12 +103,12 @@ def train_step(run: Run, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     return loss.detach(), n_correct
 
 
-def stop_requested(run: Run, signals: _StopFlag, asked: bool) -> bool:
+def stop_requested(run: Run, signals: StopFlag, asked: bool) -> bool:
     """Whether to stop now: asked for here (`asked`, or a signal) or, under torchrun, on any rank."""
     return dist_utils.any_rank(asked or signals.signum is not None, run.dist, run.device)
 
 
-def train_epoch(run: Run, state: RunState, log: _Logger, signals: _StopFlag, on_step) -> bool:
+def train_epoch(run: Run, state: RunState, log: RunLog, signals: StopFlag, on_step) -> bool:
     """The rest of epoch `state.epoch` (from batch `state.batch_in_epoch`); True if it stopped early."""
     config, dist = run.config, run.dist
     run.model.train()
@@ -200,16 +151,30 @@ def train_epoch(run: Run, state: RunState, log: _Logger, signals: _StopFlag, on_
     return stopped
 
 
-def evaluate_epoch(run: Run, state: RunState) -> dict[str, float]:
-    """Close the epoch: reduce the training sums over ranks, step the schedule, score the validation split (the
-    test split when there is none, nothing when there is neither), with --ema its moving average too, and mark a
-    new best (saved as best/ by the checkpoint that follows): by the run's monitor on the split scored
-    (capsnet.training.monitor), or without one the lowest training loss."""
+def close_epoch(run: Run, state: RunState) -> dict[str, float]:
+    """Close the epoch: its history row (`evaluate_epoch`), the schedule's step, and a new best (saved as
+    best/ by the checkpoint that follows) by the run's monitor (capsnet.training.selection)."""
+    row, split, candidates, n_classes = evaluate_epoch(run, state)
+    run.scheduler.step()  # the learning rate's decay per epoch
+    line = epoch_stuck_line(row, n_classes=n_classes, flag="--lr" if isinstance(run.config, TrainConfig) else "lr=")
+    if line is not None and run.dist.is_main:
+        LOGGER.warning(line)
+    spec = run.config.monitor if split is not None else "val_loss"  # (no held-out data: the training loss)
+    assert spec is not None  # resolved by open_run()
+    state.best = choose_best(state.best, candidates, spec=spec, split=split, epoch=state.epoch + 1, step=state.step)
+    return row
+
+
+def evaluate_epoch(run: Run, state: RunState) -> tuple[dict[str, float], str | None, list[tuple[str, dict]], int]:
+    """The epoch's history row: the training sums reduced over ranks, and the scores of the validation split (the
+    test split when there is none, nothing when there is neither), with --ema its moving average's too. Returns
+    (row, the split scored or None, the candidates for best/: (weights "raw" | "ema", scores), the number of class
+    lengths the evaluation measured or 0); without a split scored, the one candidate is the raw weights' training
+    loss."""
     sums = torch.tensor(state.sums.to_list(), dtype=torch.float64, device=run.device)
     loss_sum, correct, count, seconds = dist_utils.all_sum_tensor(sums, run.dist).tolist()
     seconds /= run.dist.world_size
     lr = float(run.optimizer.param_groups[0]["lr"])  # (a device tensor under --cuda-graphs)
-    run.scheduler.step()
     split = "val" if run.task.has_val else "test" if run.task.has_test else None
     row = {"epoch": state.epoch + 1, "train_loss": loss_sum / max(count, 1), "train_acc": correct / max(count, 1)}
     candidates: list[tuple[str, dict[str, float]]] = [("raw", {"loss": row["train_loss"]})]
@@ -229,19 +194,7 @@ def evaluate_epoch(run: Run, state: RunState) -> dict[str, float]:
             candidates.append((weights, {"accuracy": scores["accuracy"], "loss": scores["loss"]}))
     row.update({"lr": lr, "images_per_s": count / max(seconds, 1e-9), "seconds": seconds})
     state.history.append(row)
-    line = epoch_stuck_line(row, n_classes=row_classes, flag="--lr" if isinstance(run.config, TrainConfig) else "lr=")
-    if line is not None and run.dist.is_main:
-        print(line, file=sys.stderr, flush=True)
-    spec = run.config.monitor if split is not None else "val_loss"  # (no held-out data: the training loss)
-    assert spec is not None  # resolved by open_run()
-    monitor = Monitor.parse(spec)
-    for weights, scores in candidates:  # (the raw weights first: an exact tie keeps them)
-        if monitor.better(scores, best_scores(state.best)):
-            metric = monitor.metric(split) if split is not None else "train_loss"
-            value = scores[monitor.keys[0]]
-            state.best = {"epoch": state.epoch + 1, "step": state.step, "metric": metric, "value": value,
-                          "monitor": spec, "scores": scores, "weights": weights}  # fmt: skip
-    return row
+    return row, split, candidates, row_classes
 
 
 def final_test(run: Run, state: RunState) -> dict[str, Any]:

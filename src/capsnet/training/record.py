@@ -1,4 +1,4 @@
-"""A resumed run keeps its own settings: the run's config.json is the source of truth.
+"""The run's config.json: written at every start, read back so that a resumed run keeps its own settings.
 
 Rank 0 writes RUN/config.json at every start: {"train": the TrainConfig (or capsnet.fit's FitConfig), "model": the
 model's config, "task": ..., ...}. Resuming (`capsnet train --out RUN --resume`, `capsnet.training.resume(RUN)`,
@@ -11,8 +11,8 @@ model's config, "task": ..., ...}. Resuming (`capsnet train --out RUN --resume`,
 - anything else (data set, subsets, augmentation, validation split, batch size, learning rate, seed, model and its
   options) given with another value is a ConfigError naming the setting and both values.
 
-Runs recorded before a setting existed lack its key: the setting then takes today's value, unchecked
-(:func:`capsnet.training.config.upgrade_train_dict` maps older meanings of a key to today's).
+The record carries `format_version` (RECORD_FORMAT) from now on; a record without one is this format's first
+version (runs written before it was added resume as they are). A record of a later format is refused in one line.
 """
 
 from __future__ import annotations
@@ -22,20 +22,37 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .._version import __version__
 from ..config import from_dict, to_dict
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, RunFolderError
+from ..fileio import atomic_write_json
 from ..models.registry import MODELS
-from .config import FitConfig, TrainConfig, upgrade_monitor, upgrade_train_dict
+from .checkpoint import STATE_NAME
+from .config import FitConfig, TrainConfig
+from .selection import DEFAULT_MONITOR
 
 # What a resumed run may change. lr_decay and lr_end reshape the schedule from the resumed epoch on, as epochs does.
 MAY_CHANGE = ("epochs", "lr_decay", "lr_end", "eval_batch_size", "device", "precision", "channels_last", "compile",
               "cuda_graphs", "cudnn_benchmark", "progress", "tensorboard", "workers", "data_dir", "out",
               "overwrite", "resume")  # fmt: skip
-FROM_STATE = ("val_fraction", "val_seed")  # a TrainConfig's split is the one its record says (runfolder.settle)
+FROM_STATE = ("val_fraction", "val_seed")  # a TrainConfig's split is the one its record says (resumed_settings)
 SCHEDULE = ("lr_decay", "lr_end")  # one setting, given either way: one given now replaces the run's other
-RECORD_MARK = "capsnet_version"  # a key of every record written since lr_end may be unset (upgrade_schedule)
+RECORD_MARK = "capsnet_version"  # the capsnet that wrote the record
+RECORD_FORMAT = 1  # config.json's format_version: the next change of its meaning keys its reading on it
 FIT_TASK = "loader"  # the task name of a run made by capsnet.fit
 FIT_RUN = "a run made by capsnet.fit (its data came from Python); resume it with capsnet.fit(..., resume=True)"
+
+
+def write_record(run_dir: Path, config: Any, model_config: Any, task: Any) -> None:
+    """Rank 0's config.json at a run's start: {"train": `config`, "model": `model_config` (None: a module of one's
+    own), "task": its name, RECORD_MARK: the version, and what the task records (e.g. the augmentation "auto"
+    resolved to)}."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model = to_dict(model_config) if model_config is not None else None
+    meta = {"format_version": RECORD_FORMAT, "train": to_dict(config), "model": model, "task": task.name,
+            RECORD_MARK: __version__,
+            **getattr(task, "recorded", {})}  # fmt: skip
+    atomic_write_json(run_dir / "config.json", meta)
 
 
 def read_record(run_dir: str | Path) -> dict[str, Any] | None:
@@ -49,27 +66,17 @@ def read_record(run_dir: str | Path) -> dict[str, Any] | None:
         raise CheckpointError(f"{path}: cannot be read ({e})") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("train"), dict):
         raise CheckpointError(f"{path}: not the config.json of a training run (no 'train' settings)")
+    version = meta.get("format_version", 1)
+    if not isinstance(version, int) or version > RECORD_FORMAT:
+        raise CheckpointError(f"{path}: format_version {version!r}, written by a newer capsnet (this one reads "
+                              f"{RECORD_FORMAT}); upgrade capsnet")  # fmt: skip
     return meta
 
 
 def recorded_settings(meta: dict[str, Any], config_class: type) -> dict[str, Any]:
     """The record's "train" settings that `config_class` has (in today's meaning of each key)."""
     names = {f.name for f in dataclasses.fields(config_class)}
-    train = upgrade_schedule(dict(meta["train"]), legacy=RECORD_MARK not in meta)
-    train = upgrade_train_dict(train) if config_class is TrainConfig else train
-    train = upgrade_monitor(train)  # (best/ as such a run chose it)
-    return {k: v for k, v in train.items() if k in names}
-
-
-def upgrade_schedule(train: dict[str, Any], *, legacy: bool) -> dict[str, Any]:
-    """The recorded learning-rate schedule as today's settings: lr_decay or lr_end, not both. Where a record has
-    both, lr_decay was the one in effect. A `legacy` record (written before lr_end could be unset) of a model with
-    its own default_lr_decay, without lr_decay, trained at that decay whatever its lr_end said."""
-    if train.get("lr_decay") is not None:
-        return {**train, "lr_end": None}
-    model = train.get("model")
-    own = getattr(MODELS[model], "default_lr_decay", None) if isinstance(model, str) and model in MODELS else None
-    return {**train, "lr_end": None} if legacy and own is not None else train
+    return {k: v for k, v in meta["train"].items() if k in names}
 
 
 def without_other_schedule(recorded: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
@@ -217,3 +224,29 @@ def split_changes(changes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
 
 
 __all__ = ["MAY_CHANGE", "check_recorded", "fill_unset", "read_record", "resumed_configs", "split_changes"]
+
+
+def resumed_settings(config: Any, *, flag: str) -> Any:
+    """The settings to train with, as far as the record decides them: resuming, the run's own for each unset (None)
+    field, checked against its record, with the validation split it recorded; a monitor unset is the default."""
+    run_dir = Path(config.out)
+    if config.resume:
+        if not (run_dir / STATE_NAME).is_file():
+            raise RunFolderError(f"{flag}: {run_dir} holds no {STATE_NAME} to continue from")
+        config = fill_unset(config, run_dir)  # e.g. the batch size the run was made with, not the device default
+        check_recorded(config, run_dir)  # before any data is read
+        if isinstance(config, TrainConfig):
+            config = resumed_validation(config, read_record(run_dir))
+    if config.monitor is None:
+        config = dataclasses.replace(config, monitor=DEFAULT_MONITOR)
+    return config
+
+
+def resumed_validation(config: TrainConfig, meta: dict[str, Any] | None) -> TrainConfig:
+    """The TrainConfig with the validation split the resumed run recorded (val_fraction and val_seed). A run made
+    before validation splits chose best/ on the test set, and keeps doing so."""
+    recorded = (meta or {}).get("validation")
+    if not isinstance(recorded, dict):
+        return dataclasses.replace(config, val_fraction=0.0)
+    fraction = recorded.get("fraction", 0.0 if recorded.get("source") == "none" else config.val_fraction)
+    return dataclasses.replace(config, val_fraction=fraction, val_seed=recorded.get("seed", config.val_seed))

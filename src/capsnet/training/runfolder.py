@@ -1,73 +1,68 @@
-"""The run folder, opened in one order by `capsnet train`, :func:`capsnet.training.train` and :func:`capsnet.fit`.
+"""The run folder, opened in one order by `capsnet train`, `capsnet.training.train` and `capsnet.fit`.
 
-:func:`open_run` is the one way in. Its steps, in this order (each refusal is one line, a CapsNetError):
+`open_run` is the one way in. Its steps, in this order (each refusal is one line, a CapsNetError):
 
 1. Settings. Resuming, the run's config.json is the truth: a setting not given is the run's own, one given again
    must agree with it unless it may change on resume (capsnet.training.record), and the validation split is the
    one it recorded. A resume needs the run's state.pt. The batch size is resolved.
 2. Data. The task is made (its data opened) and checked by the caller's hook (fit: a first batch through the
    model), so a missing data set or a wrong flag is reported as such, never as a folder problem.
-3. Folder. An existing folder that is not a capsnet run is refused with nothing written into it. Rank 0 takes
-   the folder's lock (:data:`LOCK_NAME`, an fcntl.flock that the OS releases on any exit of its holder, kill -9
-   included); a second writer is refused with the holder's PID. A fresh run into a folder that holds a run is
-   refused: with the same settings it asks for --resume, with other settings it says which one differs.
+3. Folder. An existing folder that is not a capsnet run is refused with nothing written into it. Rank 0 takes the
+   folder's lock (`LOCK_NAME`, a filelock.FileLock: an flock that the OS releases on any exit of its holder,
+   kill -9 included), without waiting; a second writer is refused with the holder's PID (PID_NAME). A fresh run into
+   a folder that holds a run is refused: with the same settings it asks for --resume, with other settings it says
+   which one differs.
 4. State. Resuming, the state.pt is loaded and checked against the data (the validation split, the data sizes).
 
-The model's side of a resume (its saved config, the data's shape) is :func:`saved_model_config` and
-:func:`check_same_shape`. The lock is released by :func:`release` when the run ends (capsnet.training.loop.launch).
-The lock needs POSIX flock: where fcntl is missing (Windows) runs are not locked, and on network file systems the
-lock is only as good as the server's flock.
+The model's side of a resume (its saved config, the data's shape) is `saved_model_config` and
+`check_same_shape`. The lock is released by `release` when the run ends (capsnet.training.api.launch).
+On network file systems the lock is only as good as the server's flock.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import errno
 import os
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock, Timeout
 
 from ..config import from_dict, to_dict
 from ..errors import CheckpointError, ConfigError, RunFolderError
+from ..logs import LOGGER
 from ..models.inputs import DATA_FIELDS, image_hw
 from ..models.registry import MODELS
 from .checkpoint import STATE_NAME, load_state
 from .config import FitConfig, TrainConfig
-from .hardware import default_batch_size, precision_note
-from .monitor import DEFAULT_MONITOR, LEGACY_MONITOR
+from .hardware import device_settings
 from .record import (
     FIT_TASK,
-    check_recorded,
     conflicts,
-    fill_unset,
     read_record,
     recorded_model_name,
     recorded_settings,
+    resumed_settings,
     same,
     say,
 )
 from .tasks import Task
 
-try:
-    import fcntl
-except ImportError:  # (Windows: no flock, runs are not locked)
-    fcntl = None  # type: ignore[assignment]
-
-LOCK_NAME = ".capsnet.lock"  # the lock file: the holder's PID while a run holds the folder, empty otherwise
-OWN_NAMES = (LOCK_NAME, "tb")  # what a run may have written before its config.json (a folder holding only these)
-_held: dict[str, int] = {}  # the resolved run folder -> the open lock file this process holds on it
+LOCK_NAME = ".capsnet.lock"  # the lock file (each try to take it truncates it: the PID lives beside it)
+PID_NAME = ".capsnet.pid"  # the holder's PID while a run holds the folder
+OWN_NAMES = (LOCK_NAME, PID_NAME, "tb")  # what a run may have written before its config.json
+_held: dict[str, FileLock] = {}  # the resolved run folder -> the lock this process holds on it
 _created: set[str] = set()  # the run folders this process made when it took their lock
 
 
 @dataclass
 class OpenedRun:
-    """What :func:`open_run` opened: the settings to train with, the task, the state.pt to resume from (on the
+    """What `open_run` opened: the settings to train with, the task, the state.pt to resume from (on the
     CPU) or None for a fresh run."""
 
     config: TrainConfig | FitConfig
@@ -90,13 +85,14 @@ def open_run(
     task from the settled config and `check_task(config, task)` checks it; `model_settings` are the model options
     a fresh run compares with a recorded run's. `flag` names the resume switch in messages ("--resume" or
     "resume=True"); `batches`: whether the run batches at `batch_size` (then a default batch size is announced)."""
-    notes: list[tuple[str, Any]] = []  # (what settle chose, said once the data is known to fit)
-    config = settle(config, device, dist, flag=flag, batches=batches, notes=notes)
+    notes: list[tuple[str, int]] = []  # (what was chosen for the user, said once the data is known to fit)
+    config = resumed_settings(config, flag=flag)  # (capsnet.training.record)
+    config = device_settings(config, device, flag=flag, batches=batches, notes=notes)  # (hardware)
     task = make_task(config)
     if check_task is not None:
         check_task(config, task)
-    for text, stream in notes if dist.is_main else ():
-        print(text, file=stream, flush=True)
+    for text, level in notes if dist.is_main else ():
+        LOGGER.log(level, text)
     claim(config, dist, flag=flag, model_settings=model_settings)
     saved = None
     try:
@@ -110,45 +106,6 @@ def open_run(
 
 
 # ----------------------------------------------------------------------------------------------- 1. settings
-def settle(config, device: torch.device, dist, *, flag: str, batches: bool, notes: list[tuple[str, Any]]):
-    """The settings to train with: resuming, the run's own for each unset (None) field, checked against its record,
-    with the validation split it recorded; then the batch size resolved (the model's recipe, else the device's).
-    What it chose for the user is appended to `notes` as (line, stream)."""
-    run_dir = Path(config.out)
-    if config.resume:
-        if not (run_dir / STATE_NAME).is_file():
-            raise RunFolderError(f"{flag}: {run_dir} holds no {STATE_NAME} to continue from")
-        config = fill_unset(config, run_dir)  # e.g. the batch size the run was made with, not the device default
-        check_recorded(config, run_dir)  # before any data is read
-        if isinstance(config, TrainConfig):
-            config = resumed_validation(config, read_record(run_dir))
-    if config.monitor is None:  # a resumed run without a record of its own chose best/ as runs before monitors did
-        config = dataclasses.replace(config, monitor=LEGACY_MONITOR if config.resume else DEFAULT_MONITOR)
-    if config.batch_size is None:
-        name = getattr(config, "model", None)  # (a FitConfig names no registry model)
-        recipe = getattr(MODELS[name], "default_batch_size", None) if isinstance(name, str) and name in MODELS else None
-        config = dataclasses.replace(config, batch_size=recipe or default_batch_size(device))
-        if batches:
-            option = "--batch-size" if flag.startswith("--") else "batch_size="
-            whose = f"{name}'s recipe" if recipe else f"the {device.type} default"
-            notes.append((f"batch size {config.batch_size} per process ({whose}; set {option} to change)",
-                          sys.stdout))  # fmt: skip
-    note = precision_note(device, config.precision)
-    if note:
-        notes.append((note, sys.stderr))
-    return config
-
-
-def resumed_validation(config: TrainConfig, meta: dict[str, Any] | None) -> TrainConfig:
-    """The TrainConfig with the validation split the resumed run recorded (val_fraction and val_seed). A run made
-    before validation splits chose best/ on the test set, and keeps doing so."""
-    recorded = (meta or {}).get("validation")
-    if not isinstance(recorded, dict):
-        return dataclasses.replace(config, val_fraction=0.0)
-    fraction = recorded.get("fraction", 0.0 if recorded.get("source") == "none" else config.val_fraction)
-    return dataclasses.replace(config, val_fraction=fraction, val_seed=recorded.get("seed", config.val_seed))
-
-
 # ----------------------------------------------------------------------------------------------- 3. folder
 def folder_contents(run_dir: Path) -> list[str] | None:
     """The names in `run_dir` besides those a run writes before its record (None: no such folder)."""
@@ -233,39 +190,39 @@ def check_fresh(config, run_dir: Path, *, flag: str, out: str, model_settings: d
 
 
 def acquire(run_dir: Path, *, out: str = "--out") -> None:
-    """Hold the lock of `run_dir` (created if needed) for this process; RunFolderError naming the holder's PID when
-    another process (or another run of this one) holds it. The lock file is never removed: removing it would let
-    two holders lock two files."""
-    if fcntl is None:
-        return
+    """Hold the lock of `run_dir` (created if needed) for this process, without waiting; RunFolderError naming the
+    holder's PID when another process (or another run of this one) holds it. The lock file is never removed:
+    removing it would let two holders lock two files."""
     try:
         if not run_dir.exists():
             run_dir.mkdir(parents=True)
             _created.add(str(run_dir.resolve()))
-        fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        if (run_dir / LOCK_NAME).is_symlink():
+            raise OSError(errno.ELOOP, "a link where its lock file goes")
+        lock = FileLock(run_dir / LOCK_NAME)
+        lock.acquire(timeout=0)
+    except Timeout:
+        try:
+            holder = (run_dir / PID_NAME).read_text(encoding="ascii", errors="replace").strip() or "unknown"
+        except OSError:
+            holder = "unknown"
+        raise RunFolderError(f"{run_dir} is in use by another capsnet run (PID {holder}); wait for it to end or "
+                             f"choose another {out}") from None  # fmt: skip
     except OSError as e:
         why = "a link where its lock file goes" if e.errno == errno.ELOOP else e.strerror
         raise RunFolderError(f"{run_dir}: cannot take the run folder's lock ({why})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-        os.close(fd)
-        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise RunFolderError(f"{run_dir}: cannot lock {LOCK_NAME} ({e.strerror})") from None
-        raise RunFolderError(f"{run_dir} is in use by another capsnet run (PID {holder}); wait for it to end or "
-                             f"choose another {out}") from None  # fmt: skip
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    _held[str(run_dir.resolve())] = fd
+    (run_dir / PID_NAME).write_text(f"{os.getpid()}\n", encoding="ascii")
+    _held[str(run_dir.resolve())] = lock
 
 
 def abandon(run_dir: str | os.PathLike) -> None:
-    """Let go of `run_dir` after a failure before the run wrote anything: its lock file goes (removed while held,
-    so no other process holds it), and so does the folder if this process made it; then :func:`release`."""
+    """Let go of `run_dir` after a failure before the run wrote anything: its lock files go (removed while held,
+    so no other process holds them), and so does the folder if this process made it; then `release`."""
     key = str(Path(run_dir).resolve())
-    if key in _held and [p.name for p in Path(run_dir).iterdir()] == [LOCK_NAME]:
-        (Path(run_dir) / LOCK_NAME).unlink()
+    if key in _held and {p.name for p in Path(run_dir).iterdir()} <= {LOCK_NAME, PID_NAME}:
+        for name in (PID_NAME, LOCK_NAME):
+            with contextlib.suppress(FileNotFoundError):
+                (Path(run_dir) / name).unlink()
         if key in _created:
             Path(run_dir).rmdir()
     _created.discard(key)
@@ -273,11 +230,12 @@ def abandon(run_dir: str | os.PathLike) -> None:
 
 
 def release(run_dir: str | os.PathLike) -> None:
-    """Let go of the lock this process holds on `run_dir` (nothing when it holds none)."""
-    fd = _held.pop(str(Path(run_dir).resolve()), None)
-    if fd is not None:
-        os.ftruncate(fd, 0)
-        os.close(fd)  # (closing the file releases the flock)
+    """Let go of the lock this process holds on `run_dir` (nothing when it holds none); its PID file goes first."""
+    lock = _held.pop(str(Path(run_dir).resolve()), None)
+    if lock is not None:
+        with contextlib.suppress(FileNotFoundError):
+            (Path(run_dir) / PID_NAME).unlink()
+        lock.release()
 
 
 # ----------------------------------------------------------------------------------------------- 4. state
@@ -337,6 +295,3 @@ def resumed_line(epoch: int, batch: int, n_batches: int | None, epochs: int) -> 
     if epoch >= epochs:
         return f"resumed after its last epoch ({epochs})"
     return f"resumed at epoch {epoch + 1}, batch {batch} of {n_batches if n_batches is not None else '?'}"
-
-
-__all__ = ["LOCK_NAME", "OpenedRun", "abandon", "acquire", "claim", "open_run", "release", "resumed_line"]

@@ -1,6 +1,8 @@
-"""A run's state and its checkpoint: the running sums of an epoch, where the run is (what state.pt saves and
-`--resume` restores), and the checkpoint set written at the end of each epoch and at a stop. (Which run is resumed,
-and whether its data and settings are its own: capsnet.training.runfolder.)"""
+"""A run's state: an epoch's running sums, where the run is, and its restore from state.pt on `--resume`.
+
+The checkpoint set that saves it at the end of each epoch and at a stop: capsnet.training.checkpoint.save_checkpoint.
+(Which run is resumed, and whether its data and settings are its own: capsnet.training.runfolder.)
+"""
 
 from __future__ import annotations
 
@@ -10,19 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..config import to_dict
 from ..errors import CheckpointError
-from . import distributed as dist_utils
 from .checkpoint import (
     STATE_NAME,
-    get_rng_states,
+    best_model_of,
     model_name,
     restore_views,
-    save_model,
-    save_state,
     set_rng_states,
-    view_metadata,
-    write_summary,
 )
 
 if TYPE_CHECKING:  # annotations only: the run's builder imports this module
@@ -111,9 +107,9 @@ def restore(run: Run) -> RunState:
         if "ema" not in saved:  # (--ema is a setting of the run: it may not change on resume)
             raise CheckpointError(f"{run.dir / STATE_NAME}: holds no moving average of the weights for --ema")
         run.ema.load_state_dict(saved["ema"])
-    best = saved.get("best") or _best_of_old_state(saved)
+    best = saved["best"]
     restore_views(run.dir, {**saved, "best": best}, run.model, is_main=run.dist.is_main,
-                  best_model=_best_model(run, best))  # fmt: skip
+                  best_model=best_model_of(run, best))  # fmt: skip
     state = RunState(
         EpochSums.restored(saved, is_main=run.dist.is_main, device=run.device),
         saved["epoch"],
@@ -135,48 +131,3 @@ def check_processes(saved: dict[str, Any], *, world_size: int, where: Path) -> N
             f"{where}: stopped in the middle of epoch {saved['epoch'] + 1} under {ranks} process(es); resume it "
             f"with {ranks} (torchrun --nproc-per-node {ranks}), not {world_size}"
         )
-
-
-def _best_of_old_state(saved: dict) -> dict[str, Any]:
-    """best/ of a state.pt written before validation splits: the epoch of the highest test accuracy."""
-    rows = [r for r in saved["history"] if r.get("test_acc", -1.0) == saved.get("best_test_acc")]
-    epoch = int(rows[0]["epoch"]) if rows else None
-    return {"epoch": epoch, "step": None, "metric": "test_acc", "value": saved.get("best_test_acc", -1.0)}
-
-
-def save_checkpoint(run: Run, state: RunState, *, epoch_done: bool) -> None:
-    """The checkpoint set, on rank 0 (with every rank's augmentation stream): state.pt first, the commit point;
-    then its views last/, best/ (when this epoch is the new best) and summary.csv (see training/checkpoint.py)."""
-    rng = get_rng_states(run.device, run.augment_rng, run.dist)  # a collective under torchrun: every rank calls it
-    running = [0.0] * 4 if epoch_done else dist_utils.all_sum(state.sums.to_list(), run.dist, run.device)
-    if not run.dist.is_main:
-        return
-    saved = {
-        "model": run.model.state_dict(),
-        "model_type": model_name(run.model),
-        "model_config": to_dict(run.model_config) if run.model_config is not None else None,
-        "optimizer": run.optimizer.state_dict(),
-        "scheduler": run.scheduler.state_dict(),
-        "epoch": state.epoch + (1 if epoch_done else 0),
-        "batch_in_epoch": 0 if epoch_done else state.batch_in_epoch,
-        "step": state.step,
-        "best": state.best,
-        "validation": getattr(run.task, "recorded", {}).get("validation"),
-        "data": getattr(run.task, "recorded", {}).get("data"),
-        "history": state.history,
-        "running": running,  # [loss sum, correct, count, seconds], summed over the ranks
-        "running_ranks": run.dist.world_size,
-        "rng": rng,
-    }
-    if run.ema is not None:
-        saved["ema"] = run.ema.state_dict()
-    save_state(run.dir, saved)
-    save_model(run.model, run.dir / "last", metadata=view_metadata(saved, "last"))
-    if epoch_done and state.best.get("step") == state.step:
-        save_model(_best_model(run, state.best), run.dir / "best", metadata=view_metadata(saved, "best"))
-    write_summary(run.dir, state.history)
-
-
-def _best_model(run: Run, best: dict[str, Any]) -> torch.nn.Module:
-    """The weights best/ holds when this checkpoint is the best: the moving average's (--ema) or the model's."""
-    return run.ema.model if run.ema is not None and best.get("weights") == "ema" else run.model

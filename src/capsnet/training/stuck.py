@@ -1,5 +1,4 @@
-"""Whether training is stuck: an epoch at chance with the class capsules' lengths saturated, and the one line that
-says so with what to try.
+"""Whether training is stuck (at chance, lengths saturated), and the one line that says what to try.
 
 Capsule networks trap themselves in a way a CNN does not: when every class capsule's length is pushed into the
 squash's flat ends (all near 1, or all near 0), the margin loss's gradient through |v| vanishes (d|v|/d|s| falls
@@ -64,7 +63,7 @@ def stuck_line(*, epoch: int, accuracy: float, n_classes: int, stats: LengthStat
 
 
 def epoch_stuck_line(row: Mapping[str, float], *, n_classes: int, flag: str) -> str | None:
-    """:func:`stuck_line` for an epoch's row of the run's history (summary.csv): its training accuracy and the
+    """`stuck_line` for an epoch's row of the run's history (summary.csv): its training accuracy and the
     class lengths its evaluation measured (None when it measured none). `flag` is how the user sets the learning
     rate: "--lr" (capsnet train) or "lr=" (capsnet.fit)."""
     shortest, longest = row.get("shortest_length"), row.get("longest_length")

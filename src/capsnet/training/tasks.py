@@ -1,19 +1,19 @@
-"""Training tasks: what the training loop in :mod:`capsnet.training` trains on, and how it scores.
+"""The Task protocol: what the training loop trains on and how it scores, as batches (Batch); seeds for its batches.
 
 A task supplies, for one epoch, the training batches (images, targets and any extra per-batch tensors), the
-forward pass and loss for a batch, and the test evaluation. The loop itself (optimizer, checkpoints, resume,
-SIGTERM, torchrun, summary.csv, TensorBoard) is the same for every task:
+forward pass and loss for a batch, and the validation and test scores (capsnet.training.evaluator). The loop itself
+(optimizer, checkpoints, resume, SIGTERM, torchrun, summary.csv, TensorBoard) is the same for every task:
 
-- :class:`ClassificationTask`: the paper's MNIST recipe (§4, §5): one digit per image, random shifts of up to
-  2 px. The default.
-- :class:`capsnet.experiments.multimnist.MultiMNISTTask`: two overlapping digits per image (§6).
-- :class:`capsnet.experiments.affnist.ExpandedMNISTTask`: digits placed at random on a 40×40 canvas, tested on affine
+- capsnet.training.classification.ClassificationTask: the paper's MNIST recipe (§4, §5): one digit per image,
+  random shifts of up to 2 px. The default.
+- capsnet.training.loader.LoaderTask: capsnet.fit's, on any Dataset or iterable of batches.
+- capsnet.experiments.multimnist.MultiMNISTTask: two overlapping digits per image (§6).
+- capsnet.experiments.affnist.ExpandedMNISTTask: digits placed at random on a 40×40 canvas, tested on affine
   transformed digits (§5.2).
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,17 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data.batching import epoch_indices, iterate_batches, num_batches
-from ..data.datasets import load_dataset
-from ..data.folder import parse_size
-from ..data.imageaug import AugmentSpec, resolve_augment
-from ..data.scaling import channel_stats
-from ..data.split import Split, stratified_holdout, to_float
-from ..errors import ConfigError, DatasetError
-from ..models.recipe import InputRecipe, recipe_for
+from ..models.recipe import InputRecipe
 from . import distributed as dist_utils
-from .evaluate import evaluate
-from .recipes import model_recipes, recipe_image_size
 
 
 @dataclass
@@ -86,8 +77,10 @@ class Task:
 
     def loss(self, model: nn.Module, out, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to minimise, number of correctly classified examples in the batch): both tensors on the training
-        device, so that the step never waits for the device (the loop sums them there)."""
-        raise NotImplementedError
+        device, so that the step never waits for the device (the loop sums them there). By default one class per
+        image: the model's own loss, and its predictions against the targets."""
+        loss, _ = model.loss(out, batch.images, batch.targets)  # type: ignore[operator]
+        return loss, (out.predictions == batch.targets).sum()
 
     @property
     def has_val(self) -> bool:
@@ -126,216 +119,6 @@ class Task:
         raise NotImplementedError
 
 
-def subset(split: Split, n: int | None) -> Split:
-    return split if n is None else Split(split.images[:n], split.labels[:n])
-
-
-def validation_split(train: Split, official: Split | None, config) -> tuple[Split, Split | None, dict[str, Any]]:
-    """(training split, validation split or None, what config.json records of it) for a TrainConfig's
-    val_fraction and val_seed: the data set's official validation split where it has one, else a stratified,
-    seeded hold-out of `train` (:func:`capsnet.data.split.stratified_holdout`); none at val_fraction 0."""
-    fraction = float(getattr(config, "val_fraction", 0.0))
-    seed = int(getattr(config, "val_seed", 0))
-    if fraction == 0:
-        return train, None, {"source": "none"}
-    if official is not None:
-        return train, official, {"source": "official", "n": len(official)}
-    kept, held = stratified_holdout(train, fraction, seed=seed)
-    return kept, held, {"source": "held out of the training split", "fraction": fraction, "seed": seed,
-                        "n": len(held)}  # fmt: skip
-
-
-class ClassificationTask(Task):
-    """One digit per image, labels [B]; the paper's shift augmentation (§5: up to 2 px; the
-    shifted-in pixels take the image's border colour, 0 on MNIST: capsnet.data.augment.random_shift)."""
-
-    name = "classification"
-
-    def __init__(
-        self,
-        *,
-        train: Split,
-        test: Split,
-        val: Split | None = None,
-        n_classes: int = 10,
-        shift: int = 2,
-        source: str = "data",
-        augment: AugmentSpec | None = None,
-        class_names: tuple[str, ...] = (),
-        digits: bool = False,
-    ):
-        _, channels, height, width = train.images.shape
-        self.train, self.test, self.val, self.shift = train, test, val, shift
-        # The training augmentation (default: the paper's shift) and what the model records of the data.
-        self.spec = augment if augment is not None else AugmentSpec(shift=shift)
-        h, w = self.spec.output_size(height, width)  # the model's input: the (random / centre) crop
-        self.in_channels, self.image_size, self.n_classes = channels, (h if h == w else (h, w)), n_classes
-        self.class_names, self.digits = tuple(class_names), digits
-        self.source_size = (height, width) if (h, w) != (height, width) else ()
-        # raw images -> the model's input values (÷ 255, the spec's divisor, or the training split's statistics)
-        stats = channel_stats(train) if self.spec.channel_standardize else None
-        self.recipe = recipe_for(divisor=self.spec.divisor, channel_standardize=self.spec.channel_standardize,
-                                 stats=stats, channels=channels, size=(h, w), n_classes=n_classes,
-                                 source_size=self.source_size, digits=digits)  # fmt: skip
-        validation = {"source": "given", "n": len(val)} if val is not None else {"source": "none"}
-        self.recorded: dict[str, Any] = {"augment": str(self.spec), "validation": validation}
-        self._resident: dict[tuple[str, str], Split | None] = {}  # (split, device) -> its copy there, or None
-
-    @classmethod
-    def from_config(cls, config) -> ClassificationTask:
-        """Build from a TrainConfig's dataset, data_dir, train_subset, test_subset and shift."""
-        # Image folders' options (a single folder's held-out split uses a fixed seed, the same for every run).
-        names = {
-            "image_size": "image_size",
-            "channels": "image_channels",
-            "test_fraction": "test_fraction",
-            "strict": "strict",
-        }
-        options = {key: getattr(config, attr, None) for key, attr in names.items()}
-        recipes = model_recipes(getattr(config, "model", None))  # the model's own pipelines (`--augment auto`)
-        options["image_size"] = recipe_image_size(config, recipes)
-        data = load_dataset(config.dataset, data_dir=config.data_dir, **{k: v for k, v in options.items() if v})
-        if data.train is None:
-            raise DatasetError(f"{data.source}: holds only a test split; training needs the train-* files too")
-        check_image_size(getattr(config, "image_size", None), data)
-        augment = getattr(config, "augment", "auto")
-        spec = resolve_augment(augment, data.kind or "idx", shift=config.shift, recipes=recipes)
-        if spec.flip and data.digits:
-            raise DatasetError(f"{data.source}: a digit set; flipping digits changes their class (drop 'flip')")
-        train, val, recorded = validation_split(subset(data.train, config.train_subset), data.val, config)
-        task = cls(
-            train=train,
-            test=subset(data.test, config.test_subset),
-            val=val,
-            n_classes=data.n_classes,
-            shift=config.shift,
-            source=data.source,
-            augment=spec,
-            class_names=data.class_names,
-            digits=data.digits,
-        )
-        task.recorded["validation"] = recorded
-        return task
-
-    @property
-    def has_val(self) -> bool:
-        return self.val is not None
-
-    def model_fields(self) -> dict:
-        """The data fields of the model's config: input size (after the crop), channels, classes, and what the
-        model records of the data (standardization, class names, digit set, size before cropping)."""
-        return {
-            **super().model_fields(),
-            "standardize": self.spec.standardize,
-            "class_names": self.class_names,
-            "source_size": self.source_size,
-        }
-
-    def num_batches(self, *, batch_size: int, world_size: int) -> int:
-        return num_batches(len(self.train), batch_size=batch_size, world_size=world_size)
-
-    def on_device(self, which: str, device: torch.device) -> Split | None:
-        """The "train", "val" or "test" split, moved to `device` once (uint8: 47 MB for MNIST's training set) when it
-        fits (:func:`fits_on_device`, asked before anything is copied); None when it does not."""
-        key = (which, str(device))
-        if key not in self._resident:
-            split = getattr(self, which)
-            fits = fits_on_device(split.images.nbytes + split.labels.nbytes, device)
-            self._resident[key] = (
-                Split(split.images.to(device), split.labels.to(device), split.channel_stats) if fits else None
-            )
-        return self._resident[key]
-
-    def batches(self, *, epoch, batch_size, seed, rank, world_size, device, generator, start=0) -> Iterator[Batch]:
-        device = torch.device(device)
-        opts = {"shuffle": True, "seed": seed, "epoch": epoch, "rank": rank, "world_size": world_size}
-        resident = self.on_device("train", device)
-        if resident is not None:  # gather, convert and augment on the device
-            it = iterate_batches(resident, batch_size=batch_size, device=device, **opts)
-            it = itertools.islice(it, start, None)
-        else:  # too large for the device: gathered on the host into pinned buffers, copied while the device computes
-            idx = epoch_indices(len(self.train), **opts)[start * batch_size :]
-            it = staged_batches(self.train, idx, batch_size=batch_size, device=device)
-        # Skipped batches (a resumed epoch) draw no random numbers: the generator state was restored instead.
-        for images, labels in it:
-            yield self.make_batch(images, labels, generator)
-
-    def make_batch(self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> Batch:
-        """A training batch from raw images [B, C, H, W] on the device (uint8, or floats in [0, 1]): the recipe's
-        values (before the random crops, which it commutes with), then the augmentation. The eager batches and the
-        graph-captured step (capsnet.training.graphs) both make theirs here."""
-        return Batch(self.augment(self.recipe.scale(to_float(images)), generator), labels)
-
-    def augment(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """The training augmentation (:class:`capsnet.data.imageaug.AugmentSpec`; by default the paper's random
-        shift, §5)."""
-        return self.spec(images, generator)
-
-    def loss(self, model, out, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        loss, _ = model.loss(out, batch.images, batch.targets)
-        return loss, (out.predictions == batch.targets).sum()
-
-    def evaluate(self, model, *, split="test", batch_size, device, dist) -> dict:
-        if split not in ("val", "test") or getattr(self, split) is None:
-            raise DatasetError(f"this task has no {split!r} split")
-        data = self.on_device(split, torch.device(device)) or getattr(self, split)
-        return evaluate(model, data, batch_size=batch_size, device=device, dist=dist)
-
-
-def check_image_size(given: str | None, data) -> None:
-    """ConfigError unless an `--image-size` given applies: its reader resized the images to it (image folders,
-    smallNORB); a reader that keeps its files' size (IDX, CIFAR, SVHN, .npz) cannot take one."""
-    if not given:
-        return
-    want = parse_size(given)
-    got = tuple(data.train.images.shape[-2:])
-    if want is not None and tuple(want) != got:
-        reader = data.kind or "this format"
-        raise ConfigError(f"--image-size {given}: {data.name}'s images are {got[0]}x{got[1]} and its reader "
-                          f"({reader}) does not resize them; drop --image-size")  # fmt: skip
-
-
-# --------------------------------------------------------------------------------------- data on the device
-DEVICE_DATA_FRACTION = 0.25  # a split moves to an accelerator when it takes at most this share of its free memory
-
-
-def fits_on_device(nbytes: int, device: torch.device) -> bool:
-    """Whether a split of `nbytes` should live on `device`: always on the CPU (it is there already); on CUDA when it
-    takes at most DEVICE_DATA_FRACTION of the free memory, leaving the rest to the model and its activations."""
-    if device.type == "cpu":
-        return True
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return nbytes <= DEVICE_DATA_FRACTION * free
-    return False
-
-
-def staged_batches(split: Split, idx: torch.Tensor, *, batch_size: int, device: torch.device, depth: int = 2):
-    """(images float [B, C, H, W] in [0, 1], labels [B]) on `device` for the examples `idx` of a host-resident split.
-
-    Each uint8 batch is gathered on the host into one of `depth` page-locked (pinned) buffers and copied with
-    non_blocking=True: the copy runs while the device still computes the previous step, and the host gathers the
-    next batch meanwhile. A buffer is reused only once its copy has finished (a CUDA event, `depth` batches old).
-    """
-    pinned = device.type == "cuda"
-    shape = (batch_size, *split.images.shape[1:])
-    images = [torch.empty(shape, dtype=split.images.dtype, pin_memory=pinned) for _ in range(depth)]
-    labels = [torch.empty(batch_size, dtype=split.labels.dtype, pin_memory=pinned) for _ in range(depth)]
-    copied: list = [None] * depth
-    for k, lo in enumerate(range(0, len(idx), batch_size)):
-        take, slot = idx[lo : lo + batch_size], k % depth
-        if copied[slot] is not None:
-            copied[slot].synchronize()  # the copy out of this buffer, `depth` batches ago
-        x, y = images[slot][: len(take)], labels[slot][: len(take)]
-        torch.index_select(split.images, 0, take, out=x)
-        torch.index_select(split.labels, 0, take, out=y)
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        if pinned:
-            copied[slot] = torch.cuda.Event()
-            copied[slot].record()
-        yield to_float(x), y
-
-
 # --------------------------------------------------------------------------------------- shared helpers
 def mix_seed(*values: int) -> int:
     """One 63-bit seed from several integers (seed, epoch, batch, ...), well mixed by numpy's SeedSequence."""
@@ -345,51 +128,3 @@ def mix_seed(*values: int) -> int:
 
 def seeded_generator(device: torch.device, *values: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(mix_seed(*values))
-
-
-def evaluate_batches(model, batches, *, score, device: torch.device, dist: dist_utils.DistInfo) -> dict:
-    """Loss and accuracy over `batches` (this rank's (Batch) share), summed over ranks.
-
-    `score(model, batch) -> (loss tensor, n correct)`; returns {"accuracy", "loss", "n"}, and where the model's
-    outputs carry class `.lengths` [B, n_classes], "shortest" and "longest": the mean over images of the shortest
-    and the longest, with "classes", their number (capsnet.training.stuck). The sums stay on the device until the
-    end (one read).
-    """
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
-    lengths = torch.zeros(3, dtype=torch.float64, device=device)  # Σ shortest, Σ longest class length, images
-    widths: set[int] = set()  # the class lengths' n_classes (a shape: no device read)
-    hook = model.register_forward_hook(lambda _m, _i, out: _add_lengths(lengths, widths, out))
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                loss, n_correct = score(model, batch)
-                n = batch.images.shape[0]
-                sums += torch.stack(
-                    [
-                        loss.detach().double() * n,
-                        torch.as_tensor(n_correct, device=device).double(),
-                        torch.tensor(float(n), dtype=torch.float64, device=device),
-                    ]
-                )
-    finally:
-        hook.remove()
-    model.train(was_training)
-    loss_sum, correct, count, shortest, longest, measured = dist_utils.all_sum_tensor(
-        torch.cat([sums, lengths]), dist
-    ).tolist()
-    scores = {"accuracy": correct / max(count, 1), "loss": loss_sum / max(count, 1), "n": int(count)}
-    if measured:  # the model's outputs have class lengths (or probabilities): capsnet.training.stuck reads them
-        scores.update({"shortest": shortest / measured, "longest": longest / measured, "classes": max(widths)})
-    return scores
-
-
-def _add_lengths(sums: torch.Tensor, widths: set[int], out: Any) -> None:
-    """Add a forward's shortest and longest class length [B, n_classes] (its `.lengths`), summed over the batch,
-    and its batch size to `sums`; its n_classes to `widths`."""
-    lengths = getattr(out, "lengths", None)
-    if isinstance(lengths, torch.Tensor) and lengths.dim() == 2 and lengths.shape[1] > 1:
-        widths.add(lengths.shape[1])
-        ends = lengths.detach().double()
-        sums += torch.stack([ends.min(dim=1).values.sum(), ends.max(dim=1).values.sum(), ends.new_tensor(len(ends))])

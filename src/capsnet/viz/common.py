@@ -14,7 +14,7 @@ from ..fileio import atomic_open
 from ..models.pretrained import load_pretrained
 from ..models.recipe import model_input
 from ..training.checkpoint import SUMMARY_NAME, resolve_checkpoint
-from ..training.loop import resolve_device
+from ..training.hardware import resolve_device
 
 WRONG = "tab:red"
 HIGHLIGHT = "tab:orange"
@@ -33,7 +33,7 @@ def run_folder_of(path: str | os.PathLike) -> Path | None:
 
 
 def load_capsnet(path: str | os.PathLike, *, device: str | torch.device = "cpu", any_model: bool = False):
-    """Load the CapsNet a checkpoint argument names (see :func:`resolve_checkpoint`), in eval mode; with
+    """Load the CapsNet a checkpoint argument names (see `resolve_checkpoint`), in eval mode; with
     `any_model`, any registered model (EfficientCapsNet, the baseline CNN, ...)."""
     from ..models.capsnet import CapsNet
 

@@ -3,8 +3,8 @@
     import capsnet
     capsnet.explore(capsnet.load_pretrained("runs/mnist/best")).launch()
 
-The page's callbacks are the methods of :class:`Explorer` (tested without a browser); what they compute is
-:mod:`capsnet.viz.explore_model`. Safe by default: it binds to 127.0.0.1, makes no public share link, caps uploads
+The page's callbacks are the methods of `Explorer` (tested without a browser); what they compute is
+`capsnet.viz.explore_model`. Safe by default: it binds to 127.0.0.1, makes no public share link, caps uploads
 and serves only the images it shows.
 """
 
@@ -182,7 +182,7 @@ class Explorer:
 
 
 def explore(model: torch.nn.Module, *, images: torch.Tensor | None = None) -> Explorer:
-    """The explore page for `model` (see :class:`Explorer`); `.launch()` serves it on 127.0.0.1."""
+    """The explore page for `model` (see `Explorer`); `.launch()` serves it on 127.0.0.1."""
     return Explorer(model, images=images)
 
 
@@ -214,7 +214,7 @@ def _write_gallery(images: torch.Tensor, folder: Path) -> list[Path]:
 
 def test_images(model: torch.nn.Module, checkpoint: str | os.PathLike, n: int = GALLERY_SIZE) -> torch.Tensor | None:
     """Up to `n` of the checkpoint's own test images, one per class first (None when it records no data)."""
-    from ..training.evaluate import checkpoint_data
+    from ..training.checkpoint_data import checkpoint_data
     from .common import distinct_classes
 
     try:

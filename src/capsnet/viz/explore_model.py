@@ -1,8 +1,8 @@
 """What `capsnet explore` computes, without the web page: one image through a model, its class capsules, the
 decoder on a tweaked capsule (the paper's Fig. 4) and the routing weights at each iteration. Pure torch; the page
-(:mod:`capsnet.viz.explore`) only lays these out.
+(`capsnet.viz.explore`) only lays these out.
 
-Every input goes through :func:`model_input`, the conversion `capsnet predict` applies to an image file.
+Every input goes through `model_input`, the conversion `capsnet predict` applies to an image file.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import torch
 
 from ..data.images import check_pixels
 from ..errors import DatasetError
+from ..inference import class_name, preprocess
 from ..limits import MAX_UPLOAD_BYTES as MAX_UPLOAD_BYTES
 from ..models.inputs import image_hw
-from ..training.evaluate import class_name, image_files_input
 
 # Uploads the page accepts: at most this many bytes per file, and this many pixels once decoded (a decompression
 # bomb is refused from its header, before its pixels are read).
@@ -57,7 +57,7 @@ def model_input(model: Any, path: str | os.PathLike) -> torch.Tensor:
     """An image file as the model's input batch [1, C, H, W]: `capsnet predict`'s conversion (the model's input
     recipe), after the upload limits."""
     check_upload(path)
-    return image_files_input(model, [Path(path)])[0]
+    return preprocess(model, [Path(path)])
 
 
 def check_upload(path: str | os.PathLike) -> None:

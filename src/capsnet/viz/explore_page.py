@@ -1,4 +1,4 @@
-"""The layout of the `capsnet explore` page: Gradio components wired to :class:`capsnet.viz.explore.Explorer`'s
+"""The layout of the `capsnet explore` page: Gradio components wired to `capsnet.viz.explore.Explorer`'s
 callbacks. Only the panels that apply to the model are built; the page lists the others and why."""
 
 from __future__ import annotations

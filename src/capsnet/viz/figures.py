@@ -16,10 +16,13 @@ from pathlib import Path
 
 import torch
 
-from ..data.split import Split, to_float
+from ..data.split import Split
 from ..errors import CapsNetError, CheckpointError, DatasetError
-from ..training.checkpoint import SUMMARY_NAME, read_summary, resolve_checkpoint
-from ..training.evaluate import check_split, checkpoint_data, evaluate, fit_to_model
+from ..inference import fit_to_model
+from ..pixels import to_float
+from ..training.checkpoint import SUMMARY_NAME, read_summary
+from ..training.checkpoint_data import check_split, checkpoint_data
+from ..training.evaluator import evaluate
 from .common import (
     WRONG,
     _figure,
@@ -34,25 +37,16 @@ from .common import (
     run_folder_of,
     select_examples,
 )
-from .routing import plot_routing, plot_routing_weights, routing_maps, routing_method
+from .routing import plot_routing
 
 __all__ = [
     "PERTURBATION_OFFSETS",
     "confusion_matrix",
-    "distinct_classes",
-    "load_capsnet",
     "perturbed_reconstructions",
     "plot_confusion",
     "plot_curves",
     "plot_perturbation",
     "plot_reconstructions",
-    "plot_routing",
-    "plot_routing_weights",
-    "resolve_checkpoint",
-    "routing_maps",
-    "routing_method",
-    "run_folder_of",
-    "select_examples",
     "visualize",
 ]
 
@@ -225,7 +219,7 @@ def _trained_on(run_dir: Path) -> str | None:
 
 def confusion_matrix(model, split: Split, *, batch_size: int = 100, limit: int | None = None) -> torch.Tensor:
     """Counts [n_classes, n_classes] (rows: true labels, columns: predictions) over the first `limit` examples
-    of `split` (all by default), as :func:`capsnet.training.evaluate` counts them."""
+    of `split` (all by default), as `capsnet.training.evaluator` counts them."""
     n = len(split) if limit is None else max(0, min(limit, len(split)))
     if n == 0:
         raise DatasetError("the split holds no images")

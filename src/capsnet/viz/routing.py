@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from ..data.split import to_float
 from ..errors import CapsNetError
+from ..pixels import to_float
 from .common import HIGHLIGHT, WRONG, _figure, _forward, _frame, _gray, _save
 
 
@@ -28,7 +28,7 @@ def routing_method(model) -> str:
 def plot_routing(model, image: torch.Tensor, label: int | None, out: str | os.PathLike) -> Path:
     """Coupling coefficients c_ij for one image [C, H, W]: for each digit capsule j, a grid×grid map of the
     mean over the primary capsule types of c_ij at each location; shared colour scale, prediction framed.
-    Models whose routing weights are not over CapsNet's primary capsule grid get :func:`plot_routing_weights`."""
+    Models whose routing weights are not over CapsNet's primary capsule grid get `plot_routing_weights`."""
     cfg = model.config
     o = _forward(model, image.unsqueeze(0), return_coupling=True)
     if o.coupling is None:

@@ -7,7 +7,7 @@ that reads it. Each module provides
     load(source, **options) -> model a capsnet model (a Pretrained nn.Module, in eval mode) computing what the source
                                      network computes, with the converted weights
 
-and raises :class:`capsnet.errors.CheckpointError` (one line) for a file it cannot read: not the format, a tensor
+and raises `capsnet.errors.CheckpointError` (one line) for a file it cannot read: not the format, a tensor
 missing or of the wrong shape, named. PyTorch files are read with `torch.load(weights_only=True)`. The modules import
 their readers (h5py, ...) lazily, so listing the formats needs none of them.
 

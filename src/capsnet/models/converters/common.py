@@ -2,7 +2,7 @@
 
 A converter reads another implementation's saved weights (a `torch.save` of a `state_dict`, or of a dict holding
 one), checks every tensor's name and shape against what that implementation builds, rearranges them into a capsnet
-model and loads them strictly. A bad file is one :class:`capsnet.errors.CheckpointError` line naming the key.
+model and loads them strictly. A bad file is one `capsnet.errors.CheckpointError` line naming the key.
 """
 
 from __future__ import annotations

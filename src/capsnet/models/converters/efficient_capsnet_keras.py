@@ -1,5 +1,5 @@
 """The Efficient-CapsNet authors' Keras weights (EscVM/Efficient-CapsNet, bin/efficient_capsnet_{MNIST,SMALLNORB,
-MULTIMNIST}.h5, Apache-2.0) as a capsnet :class:`~capsnet.models.efficient_capsnet.EfficientCapsNet`.
+MULTIMNIST}.h5, Apache-2.0) as a capsnet `capsnet.models.efficient_capsnet.EfficientCapsNet`.
 
 The files are HDF5 as Keras's `Model.save_weights` writes them: the root attribute `layer_names` lists one group
 per top-level layer of their training model; the classifier's group (named `CapsNet` or `Efficient_CapsNet`) and

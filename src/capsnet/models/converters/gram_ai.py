@@ -1,5 +1,5 @@
 """gram-ai/capsule-networks (`capsule_network.py`): its `model.state_dict()` (`torch.save`d as epochs/epoch_N.pt) as
-a capsnet :class:`~capsnet.models.CapsNet`.
+a capsnet `capsnet.models.CapsNet`.
 
 Their network is the paper's MNIST CapsNet, laid out differently:
 

@@ -1,6 +1,6 @@
 """glassroom/heinsen_routing (2019, `models.py` `SmallNORBClassifier`): its published smallNORB state dict
 (smallNORB_pretrained_model_state_dict.pt, a 2019 `torch.save` in the legacy format, which
-`torch.load(weights_only=True)` reads) as a capsnet :class:`~capsnet.models.heinsen_capsnet.HeinsenCapsNet`.
+`torch.load(weights_only=True)` reads) as a capsnet `capsnet.models.heinsen_capsnet.HeinsenCapsNet`.
 
 capsnet's model keeps their module names, so the conversion renames the routings' `W`, `B` to `weight`, `bias` and
 drops their constant buffer `CONST_one`; everything else (the BatchNorms' running statistics included) is taken as

@@ -1,6 +1,6 @@
 """apple/ml-capsules-inverted-attention-routing (`main_capsule.py`): its checkpoint (`ckpt.pth`, a dict whose "net" is
 the `CapsModel` state dict, keys prefixed `module.` under DataParallel) as a capsnet
-:class:`~capsnet.models.InvertedAttentionCapsNet`.
+`capsnet.models.InvertedAttentionCapsNet`.
 
 What the conversion rearranges or sets (docs/fidelity.md):
 
@@ -14,7 +14,7 @@ What the conversion rearranges or sets (docs/fidelity.md):
   with; their simple or ResNet backbone, found from the tensors.
 
 The structure their JSON config gives and the weights do not (image size, conv capsule strides, routing
-iterations) comes from the options (:func:`add_arguments`); the defaults are their CIFAR-10 configuration with
+iterations) comes from the options (`add_arguments`); the defaults are their CIFAR-10 configuration with
 `--num_routing 2`.
 """
 

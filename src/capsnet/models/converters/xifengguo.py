@@ -1,5 +1,5 @@
 """XifengGuo/CapsNet-Pytorch (`capsulenet.py`): its `model.state_dict()` (`torch.save`d as trained_model.pkl or
-epochN.pkl) as a capsnet :class:`~capsnet.models.CapsNet`.
+epochN.pkl) as a capsnet `capsnet.models.CapsNet`.
 
 Their network is the paper's MNIST CapsNet with three layouts of their own, all kept by the conversion:
 

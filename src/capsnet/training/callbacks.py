@@ -1,5 +1,4 @@
-"""Signals and logs of a training run: SIGINT/SIGTERM as a stop flag, the progress bar, per-epoch lines and
-TensorBoard scalars."""
+"""What a running training run shows: the progress bar, epoch lines, TensorBoard, and stop signals."""
 
 from __future__ import annotations
 
@@ -12,13 +11,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .._version import __version__
-from ..config import to_dict
-from ..fileio import atomic_write_json
+from ..logs import LOGGER
 from .checkpoint import write_summary
 from .config import FitConfig, TrainConfig
-from .monitor import SELECTED_ON
-from .record import RECORD_MARK
+from .selection import SELECTED_ON
 
 if TYPE_CHECKING:  # annotations only: the loop imports this module
     from .build import Run
@@ -37,7 +33,7 @@ def describe_selection(report: dict) -> str:
     return f"{chosen} ({'; '.join(extra)})" if extra else chosen
 
 
-class _StopFlag:
+class StopFlag:
     """SIGINT/SIGTERM set a flag; the loop saves a checkpoint at the next check and returns. A SIGINT after that
     (a second Ctrl-C) exits at once with status 130, without waiting for the step, evaluation, compile or kernel
     build in progress: the checkpoint last saved stays as it was (every file of it is written atomically)."""
@@ -46,7 +42,7 @@ class _StopFlag:
         self.signum: int | None = None
         self._old: dict[int, object] = {}
 
-    def __enter__(self) -> _StopFlag:
+    def __enter__(self) -> StopFlag:
         import threading
 
         if threading.current_thread() is threading.main_thread():
@@ -70,7 +66,7 @@ class _StopFlag:
             signal.signal(sig, old)  # type: ignore[arg-type]
 
 
-class _Logger:
+class RunLog:
     """tqdm progress on rank 0 (refreshed at most every PROGRESS_EVERY_S, the only in-epoch reads of the device),
     one summary line per epoch, and TensorBoard scalars when available."""
 
@@ -87,19 +83,14 @@ class _Logger:
                 self.writer = SummaryWriter(str(run_dir / "tb"))
 
     def start(self, run: Run, state: RunState) -> None:
-        """Rank 0 writes the run's config.json (and, resuming, its summary.csv so far)."""
+        """Rank 0 writes, resuming, the run's summary.csv so far, and says when best/ is not chosen on validation."""
         if not self.enabled:
             return
-        run.dir.mkdir(parents=True, exist_ok=True)
-        model = to_dict(run.model_config) if run.model_config is not None else None  # (None: a module of one's own)
-        meta = {"train": to_dict(run.config), "model": model, "task": run.task.name, RECORD_MARK: __version__,
-                **getattr(run.task, "recorded", {})}  # e.g. the augmentation "auto" resolved to  # fmt: skip
-        atomic_write_json(run.dir / "config.json", meta)
         if state.history:
             write_summary(run.dir, state.history)
         note = run.task.selection_note()
         if note:
-            print(note, file=sys.stderr, flush=True)
+            LOGGER.warning(note)
 
     def bar(self, epoch: int, total: int, done: int):
         if not (self.enabled and self.config.progress):
@@ -156,11 +147,10 @@ class _Logger:
         scored = f"  {split} loss {row[f'{split}_loss']:.4f} acc {row[f'{split}_acc']:.4f}" if split else ""
         if split and f"ema_{split}_acc" in row:  # --ema: its moving average's figures
             scored += f"  (ema loss {row[f'ema_{split}_loss']:.4f} acc {row[f'ema_{split}_acc']:.4f})"
-        print(
+        LOGGER.info(
             f"epoch {int(row['epoch'])}/{self.config.epochs}  train loss {row['train_loss']:.4f}  "
             f"train acc {row['train_acc']:.4f}{scored}  lr {row['lr']:.2e}  "
-            f"{row['images_per_s']:.0f} img/s  {row['seconds']:.1f}s",
-            flush=True,
+            f"{row['images_per_s']:.0f} img/s  {row['seconds']:.1f}s"
         )
         if self.writer is not None:
             held = tuple(k for k in (f"{split}_loss", f"{split}_acc", f"ema_{split}_loss", f"ema_{split}_acc")
@@ -175,7 +165,7 @@ class _Logger:
             return
         parts = [f"{name}/ (epoch {report[name]['epoch']}) {report[name]['accuracy']:.4f}"
                  for name in ("best", "last") if name in report]  # fmt: skip
-        print(f"test accuracy: {', '.join(parts)}; best/ chosen on {describe_selection(report)}", flush=True)
+        LOGGER.info(f"test accuracy: {', '.join(parts)}; best/ chosen on {describe_selection(report)}")
         if self.writer is not None:
             for name in ("best", "last"):
                 if name in report:
@@ -197,4 +187,4 @@ class _Logger:
             else:
                 where = (f"stopped in epoch {epoch + 1} at batch {batch}; the data is an iterable, so the checkpoint "
                          f"of epoch {epoch} is kept and a resumed run starts epoch {epoch + 1} again")  # fmt: skip
-            print(f"{why}: {where}", file=sys.stderr, flush=True)
+            LOGGER.warning(f"{why}: {where}")

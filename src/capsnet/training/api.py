@@ -1,4 +1,10 @@
-"""`capsnet.fit(model, train_data, *, epochs, out, ...)`: capsnet's training loop on any data and any model.
+"""The ways into training: `capsnet.fit` (any model on any data), `train` (a TrainConfig) and `resume` (a run folder).
+
+`train(config)` is what `capsnet train` runs: the paper's MNIST recipe (§4) by default, resumable, kill-safe and
+scalable with torchrun; `resume(out)` continues a run with its recorded settings. Both, and `fit`, build a run
+(capsnet.training.build) and hand it to the loop (capsnet.training.loop.run_loop).
+
+`capsnet.fit(model, train_data, *, epochs, out, ...)` trains any capsnet model, or an `nn.Module` of one's own.
 
 The model is any capsnet model (`capsnet.create_model(...)`) or an `nn.Module` of one's own that follows the
 protocol every capsnet model follows:
@@ -10,7 +16,7 @@ and, optionally, `model.init_from_data(images)`: a data-dependent initialisation
 batch before training starts (never on a resumed run). At test time the model is called without labels.
 
 The data (capsnet.training.loader) is a Dataset of (image, label) examples or an iterable of (images, labels)
-batches. The run is `capsnet train`'s (capsnet.training.loop): Adam with the stretched exponential schedule, the
+batches. The run is `capsnet train`'s: Adam with the stretched exponential schedule, the
 run folder (config.json, summary.csv, best/ chosen on validation, last/, test.json scored once at the end, state.pt
 written first as the commit point), progress, TensorBoard, SIGINT/SIGTERM, torchrun, bf16, torch.compile.
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -27,19 +34,70 @@ from torch import nn
 
 from ..config import to_dict
 from ..errors import ConfigError, DatasetError
+from ..logs import LOGGER, warnings_only
 from ..models.inputs import image_hw
+from ..models.memory import check_memory
 from ..models.pretrained import Pretrained
 from ..models.recipe import recipe_of
-from .build import Run, assemble
+from . import distributed as dist_utils
+from .build import Run, assemble, build
 from .checkpoint import model_name
-from .config import FitConfig, TrainResult
+from .config import FitConfig, TrainConfig, TrainResult
+from .hardware import rank_device, resolve_device
 from .loader import LoaderTask
-from .loop import launch
-from .memory import check_memory
-from .runfolder import abandon, open_run
+from .loop import run_loop
+from .record import resumed_configs, split_changes
+from .runfolder import abandon, open_run, release
+from .tasks import Task
 
 PROTOCOL = ("forward(images, labels=None) returning an object with .predictions [B], and loss(out, images, labels) "
             "returning (loss, parts)")  # fmt: skip
+
+
+def train(
+    config: TrainConfig,
+    model_config: Any = None,
+    *,
+    on_step: Callable[[int], bool] | None = None,
+    task: Task | None = None,
+) -> TrainResult:
+    """Train a model as `config` says; returns when done or when a stop was asked for.
+
+    `on_step(global_step)` is called after every optimizer step; returning True stops training with a
+    checkpoint, as SIGINT and SIGTERM do. `task` supplies the batches, loss and test metrics; by default the
+    MNIST classification recipe on `config.dataset` (its dataset, subset and shift fields).
+
+    Resuming (`config.resume`), `config` must agree with the run's recorded settings but for what may change
+    (capsnet.training.record.MAY_CHANGE); its unset (None) fields are the run's. `resume` takes them all from
+    the run.
+    """
+    return launch(config, lambda device, dist: build(config, model_config, device, dist, task), on_step)
+
+
+def resume(out: str | Path, *, on_step: Callable[[int], bool] | None = None, **changes: Any) -> TrainResult:
+    """Continue the `capsnet train` run in `out` with its own recorded settings (config.json), as
+    `capsnet train --out OUT --resume` does. `changes` are TrainConfig fields or model options given again: each
+    must agree with the record unless it may change on resume (e.g. epochs=20, device="cuda"; see
+    capsnet.training.record.MAY_CHANGE); otherwise a ConfigError names it and both values."""
+    config, model_config = resumed_configs(out, *split_changes(changes))
+    return train(config, model_config, on_step=on_step)
+
+
+def launch(config: TrainConfig | FitConfig, make_run: Callable[..., Run], on_step) -> TrainResult:
+    """Join torchrun's process group (when launched by it) on this rank's device, build the run there with
+    `make_run(device, dist)` and train it (`run_loop`); at the end, let go of the run folder's lock and
+    leave the group."""
+    dist = dist_utils.from_env()
+    device = rank_device(resolve_device(config.device), dist)
+    dist = dist_utils.setup(device, dist)  # on CUDA: set_device first, then NCCL
+    try:
+        run = make_run(device, dist)  # (a make_run that fails lets go of the folder itself)
+        try:
+            return run_loop(run, on_step)
+        finally:
+            release(run.dir)
+    finally:
+        dist_utils.teardown(dist)
 
 
 def fit(
@@ -70,7 +128,7 @@ def fit(
     resume: bool = False,
     overwrite: bool = False,
     on_step: Callable[[int], bool] | None = None,
-    digits: bool = False,
+    digits: bool | None = None,
 ) -> TrainResult:
     """Train `model` on `train_data` for `epochs` into the run folder `out`; returns the run's TrainResult.
 
@@ -81,15 +139,17 @@ def fit(
     on CPU, 128 on CUDA) and `workers` (DataLoader processes) apply to a Dataset; an iterable batches for itself.
     `lr` defaults to the model's (1e-3 for a module of one's own); the learning rate decays each epoch by `lr_decay`,
     or down to lr × `lr_end` in the last epoch; with neither, by the model's `default_lr_decay` where it has one,
-    else to lr × 0.25. Giving both is a ConfigError. `monitor` chooses best/ (capsnet.training.monitor: "val_loss",
+    else to lr × 0.25. Giving both is a ConfigError. `monitor` chooses best/ (capsnet.training.selection: "val_loss",
     the default, "val_accuracy", or "val_accuracy,val_loss"); `ema` (a decay, e.g. 0.999) keeps a moving average of
     the weights, scored beside them each epoch, and best/ may hold it (capsnet.training.ema). `on_step(step)`
-    returning True stops with a checkpoint, as SIGINT and SIGTERM do.
+    returning True stops with a checkpoint, as SIGINT and SIGTERM do. `progress=False`: no progress bar and no
+    information lines (the `capsnet` logger shows warnings only while it runs).
 
     Every batch reaches the model through its input recipe (capsnet.models.recipe): raw uint8 pixels or floats in
     [0, 1] become what it records (÷ 255 for a fresh model; a pretrained one's own scaling). `digits` records
     whether the images are digit-style ink images (white on black in a 20/28 box, as MNIST's), which `capsnet
-    predict` then converts image files to; a Dataset gives no way to know, so the default is False.
+    predict` then converts image files to; a Dataset gives no way to know, so None (the default) keeps what the
+    model records: False for a fresh model, True for shipped digit weights being fine-tuned.
 
     `resume=True` continues the run in `out`: from the batch where it stopped for a Dataset, or from the start of the
     first unfinished epoch for an iterable. The model and data are given again; the settings must be the run's
@@ -118,7 +178,7 @@ def fit(
         tensorboard=tensorboard, resume=resume, overwrite=overwrite,
     )  # fmt: skip
     cfg = getattr(model, "config", None)
-    if dataclasses.is_dataclass(cfg) and hasattr(cfg, "digits"):
+    if digits is not None and dataclasses.is_dataclass(cfg) and hasattr(cfg, "digits"):
         cfg.digits = bool(digits)  # what the model records of its data (capsnet predict reads it)
     names = dataset_classes(train_data)
     if names is not None and dataclasses.is_dataclass(cfg) and hasattr(cfg, "class_names") and not resume:
@@ -128,10 +188,11 @@ def fit(
                                "(its config's n_classes)")  # fmt: skip
         cfg.class_names = names  # what the model's predictions are called (capsnet predict prints them)
     if lr is None and not resume and progress:
-        print(f"lr {config.lr:g} ({cls.__name__}'s default for its size; set lr= to change)", flush=True)
+        LOGGER.info(f"lr {config.lr:g} ({cls.__name__}'s default for its size; set lr= to change)")
     task = LoaderTask(train_data, val=val_data, test=test_data, val_fraction=config.val_fraction,
                       val_seed=config.val_seed, workers=config.workers, recipe=recipe_of(model))  # fmt: skip
-    return launch(config, lambda device, dist: _make_run(config, model, task, device, dist), on_step)
+    with warnings_only(not progress):  # progress=False: no bar and no information lines, warnings still
+        return launch(config, lambda device, dist: _make_run(config, model, task, device, dist), on_step)
 
 
 def default_lr(model: nn.Module) -> float:
@@ -225,6 +286,3 @@ def _call(fn: Callable[[], Any], what: str) -> Any:
         line = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ConfigError(f"fit: {what}: {type(e).__name__}: {line}" if line else f"fit: {what}: {type(e).__name__}"
                           ) from None  # fmt: skip
-
-
-__all__ = ["PROTOCOL", "fit"]

@@ -1,20 +1,15 @@
 """Where a training step's time goes: torch.profiler over a few real steps, summarized per phase and per kernel.
 
-The training step marks its phases with :func:`phase` ranges (loss, backward, optimizer); :func:`profiled` turns
-them on and names the model's forward passes by its top-level submodules (CapsNet: conv1 and primary → "conv",
-class_caps → "routing", decoder → "decoder"), with forward hooks that exist only while a profile is taken. Outside
-:func:`profiled` a range is a shared no-op context (a flag test): the step costs what it did without them.
-
-:func:`summarize` reads the profiler's events. On CUDA the "kernels" are the device's kernels, copies and fills,
-each attributed to the phase of the operator that launched it; on the CPU they are the operators themselves (their
-own time, children excluded). A backward kernel is attributed to the phase of the forward operator whose autograd
-node ran it (the profiler records both with the same sequence number). :func:`profile_training` builds a run as
-`capsnet train` does, takes a few warm-up steps and profiles the next ones.
+The step's phase ranges are capsnet.training.phases'. `summarize` reads the profiler's events. On CUDA the
+"kernels" are the device's kernels, copies and fills, each attributed to the phase of the operator that launched it;
+on the CPU they are the operators themselves (their own time, children excluded). A backward kernel is attributed to
+the phase of the forward operator whose autograd node ran it (the profiler records both with the same sequence
+number). `profile_training` builds a run as `capsnet train` does, takes a few warm-up steps and profiles the
+next ones.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import statistics
 from collections import defaultdict
@@ -22,50 +17,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from torch import nn
 
-MODEL_PHASES = {"conv1": "conv", "primary": "conv", "class_caps": "routing", "decoder": "decoder",
-                "margin_loss": "loss"}  # fmt: skip
-STEP = "step"  # the range around one whole step (data included), set by profile_training
-PHASES = ("data", "conv", "routing", "decoder", "loss", "optimizer")  # the report's order (others follow)
-MODEL_OTHER = "forward (other)"  # the model's own operators outside its submodules (e.g. a ReLU between two)
-BACKWARD = "backward"  # the range around zero_grad and backward(): its own work is "backward (other)"
-_NULL = contextlib.nullcontext()
-_active = False
-_labels: set[str] = {*PHASES, BACKWARD}  # every phase name used so far (the ranges summarize looks for)
-
-
-def phase(name: str) -> contextlib.AbstractContextManager:
-    """A `torch.profiler.record_function(name)` range while :func:`profiled` is on; otherwise a no-op."""
-    return torch.profiler.record_function(name) if _active else _NULL
-
-
-@contextlib.contextmanager
-def profiled(model: nn.Module, names: Mapping[str, str] = MODEL_PHASES) -> Iterator[None]:
-    """Turn the step's :func:`phase` ranges on and range each top-level submodule's forward pass as its phase
-    (`names`, else the submodule's own name), and the rest of the model's forward as MODEL_OTHER, until the block
-    ends."""
-    global _active
-    handles = []
-    for child_name, child in [(MODEL_OTHER, model), *model.named_children()]:
-        open_ranges: list[Any] = []
-        label = names.get(child_name, child_name)
-        _labels.add(label)
-
-        def enter(module, args, label=label, stack=open_ranges):
-            stack.append(torch.profiler.record_function(label).__enter__())
-
-        def leave(module, args, output, stack=open_ranges):
-            stack.pop().__exit__(None, None, None)
-
-        handles += [child.register_forward_pre_hook(enter), child.register_forward_hook(leave)]
-    _active = True
-    try:
-        yield
-    finally:
-        _active = False
-        for handle in handles:
-            handle.remove()
+from ..training.phases import BACKWARD, LABELS, PHASES, STEP, phase, profiled
 
 
 # ------------------------------------------------------------------------------------------------ the summary
@@ -132,7 +85,7 @@ def _cuda_kernels(events) -> tuple[list, list[float], float, float]:
 
 
 def _cpu_kernels(events, host_us: float) -> tuple[list, list[float], float, float]:
-    """As :func:`_cuda_kernels` for a CPU profile of `host_us` µs of steps: each operator with its own time; the
+    """As `_cuda_kernels` for a CPU profile of `host_us` µs of steps: each operator with its own time; the
     host's time outside every operator, per operator (no device timeline: window 0)."""
     kernels = [(e, e, e.self_cpu_time_total) for e in events if not e.is_user_annotation
                and e.device_type.name == "CPU" and e.self_cpu_time_total > 0 and not _is_backward_node(e)]  # fmt: skip
@@ -145,9 +98,9 @@ def _cpu_kernels(events, host_us: float) -> tuple[list, list[float], float, floa
 def summarize(events, *, steps: int, device_type: str, top: int = 12, labels: set[str] | None = None) -> dict:
     """The per-step figures of `events` (a profile of `steps` steps, each inside a STEP range): time per phase
     (forward and backward), the top kernels, kernel launches, the host's time between launches and the device's
-    idle share (CUDA). `labels`: the phase ranges' names (default: those :func:`profiled` and :func:`phase` use)."""
+    idle share (CUDA). `labels`: the phase ranges' names (default: those `profiled` and `phase` use)."""
     events = list(events)
-    labels = set(_labels if labels is None else labels)
+    labels = set(LABELS if labels is None else labels)
     forward = _forward_phases(events, labels)
     step_ranges = [e for e in events if e.is_user_annotation and e.name == STEP and e.device_type.name == "CPU"]
     step_us = sum(e.time_range.end - e.time_range.start for e in step_ranges) / max(len(step_ranges), 1)
@@ -185,12 +138,13 @@ def summarize(events, *, steps: int, device_type: str, top: int = 12, labels: se
 # ------------------------------------------------------------------------------------------------ the driver
 def profile_training(config, model_config=None, *, steps: int = 5, warmup: int = 5) -> dict:
     """Build a run as `capsnet train` does (`config`: a TrainConfig), take `warmup` training steps, then profile
-    `steps` more; returns :func:`summarize`'s figures (with the configuration's batch, precision and device)."""
+    `steps` more; returns `summarize`'s figures (with the configuration's batch, precision and device)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from .distributed import DistInfo
-    from .hardware import resolve_device
-    from .loop import build, train_step
+    from ..training.build import build
+    from ..training.distributed import DistInfo
+    from ..training.hardware import resolve_device
+    from ..training.loop import train_step
 
     device = resolve_device(config.device)
     run = build(config, model_config, device, DistInfo(), None)

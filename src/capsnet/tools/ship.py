@@ -27,8 +27,8 @@ from ..models.hub import save_shipped
 from ..models.inputs import DATA_FIELDS
 from ..models.pretrained import load_pretrained
 from ..models.registry import MODELS
-from .checkpoint import TEST_NAME, checkpoint_info
-from .config import TrainConfig, upgrade_train_dict
+from ..training.checkpoint import TEST_NAME, checkpoint_info
+from ..training.config import TrainConfig
 
 # TrainConfig settings that do not change what a run learns, left out of the recorded command.
 NOT_IN_COMMAND = ("device", "progress", "tensorboard", "resume", "strict")
@@ -51,7 +51,7 @@ def _flag(name: str, value: Any, default: Any) -> list[str]:
 def train_command(record: dict[str, Any]) -> str:
     """The `capsnet train` command that a run's config.json (`record`) describes: --model, then every TrainConfig and
     model setting that differs from its default (the data fields come from the data set, and are left out)."""
-    train = upgrade_train_dict(record["train"])
+    train = record["train"]
     words = ["capsnet", "train", "--model", train["model"]]
     for f in dataclasses.fields(TrainConfig):
         if f.name in train and f.name not in (*NOT_IN_COMMAND, "model"):
@@ -92,7 +92,7 @@ def ship_card(run_dir: str | os.PathLike) -> dict[str, Any]:
     if not str(tested.get("selected_on")).startswith("val_"):
         raise CheckpointError(f"{run}: best/ was not chosen on validation data, so it does not ship")
     try:
-        train, best = upgrade_train_dict(record["train"]), tested["best"]
+        train, best = record["train"], tested["best"]
         card = {"command": train_command(record), "dataset": train["dataset"], "val_accuracy": best["val_acc"],
                 "test_accuracy": best["accuracy"], "epoch": best["epoch"],
                 "capsnet_version": best_meta.get("capsnet_version", "unknown"),
@@ -104,7 +104,7 @@ def ship_card(run_dir: str | os.PathLike) -> dict[str, Any]:
 
 def ship_run(run_dir: str | os.PathLike, *, tag: str, root: str | os.PathLike | None = None) -> Path:
     """Write run_dir/best/ as shipped weights MODEL:TAG (root: capsnet.models.hub.weights_root() by default), with
-    its :func:`ship_card`; returns the folder written."""
+    its `ship_card`; returns the folder written."""
     card = ship_card(run_dir)
     best = Path(run_dir) / "best"
     model = load_pretrained(best)

@@ -1,12 +1,12 @@
 """A training step's memory, estimated from the model's config before anything is allocated.
 
 Users of other capsule implementations report running out of memory at 224 px: the number of primary capsules
-grows with the image area, and routing's memory with it. `capsnet train` calls :func:`check_memory` before
+grows with the image area, and routing's memory with it. `capsnet train` calls `check_memory` before
 building the model; above the budget (the device's free memory) it stops with one line naming the fixes.
 
 The estimate counts fp32 numbers: parameters with their gradients and Adam's two moments, and per example the
 activations kept for the backward pass (convolutions, primary capsules, routing's s_t and c_t) plus routing's
-temporaries: for the fast paths (:mod:`capsnet.routing.dynamic_fast`) about LIVE_TEMPORARIES tensors of
+temporaries: for the fast paths (`capsnet.routing.dynamic_fast`) about LIVE_TEMPORARIES tensors of
 [out, chunk, in_d, in], the chunk bounded by the path's chunk size; for the reference path (taken only by a
 capsule bias with detach_votes) about 2r+1 tensors of the votes [B, in, out, out_d]. It is meant to catch a
 configuration that cannot fit, not to predict the peak exactly (docs/benchmarks.md compares it with measured
@@ -23,9 +23,9 @@ import os
 
 import torch
 
+from ..configs.base import image_hw
+from ..configs.capsnet import CapsNetConfig
 from ..errors import ConfigError
-from ..models.capsnet import CapsNetConfig
-from ..models.inputs import image_hw
 from ..routing.dynamic_fast import GPU_TEMPORARY_BYTES
 
 FLOAT = 4
@@ -79,7 +79,7 @@ def capsnet_bytes(cfg, batch: int, device_type: str = "cuda") -> int | None:
 
 def budget_bytes(device: torch.device) -> int | None:
     """The memory a step may use: free memory on CUDA; on CPUs the memory available to a new process
-    (:func:`available_host_bytes`), None where that cannot be read."""
+    (`available_host_bytes`), None where that cannot be read."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
@@ -106,7 +106,7 @@ def available_host_bytes(meminfo: str | None = None) -> int | None:
 
 def check_memory(cfg, batch: int, device: torch.device, *, budget: int | None = None) -> int | None:
     """ConfigError (one line, with the fixes) if a CapsNet training step would need more than `budget` bytes
-    (default: :func:`budget_bytes`). Returns the estimate; None when the model is not estimated (only COVERS is)."""
+    (default: `budget_bytes`). Returns the estimate; None when the model is not estimated (only COVERS is)."""
     need = capsnet_bytes(cfg, batch, device.type)
     budget = budget if budget is not None else budget_bytes(device)
     if need is None or budget is None or need <= budget:

@@ -1,12 +1,15 @@
-"""Which checkpoint is best/: the monitored validation quantity (Lightning's `monitor`), compared after each epoch.
+"""Which weights become best/: the monitored validation quantity, compared after each epoch, and the choice.
 
-A monitor is `val_loss` (lowest wins), `val_accuracy` (highest wins) or a comma list of them compared in order,
-each next one breaking the ties of the one before: `val_accuracy,val_loss` is the highest accuracy, and among
-epochs of equal accuracy the lowest loss. An exact tie on every quantity keeps the earlier checkpoint (and at the
-same epoch the raw weights before their moving average, capsnet.training.ema).
+The monitor (Lightning's `monitor`) is compared after each epoch. A monitor is `val_loss` (lowest wins),
+`val_accuracy` (highest wins) or a comma list of them compared in order, each next one breaking the ties of the one
+before: `val_accuracy,val_loss` is the highest accuracy, and among epochs of equal accuracy the lowest loss. An
+exact tie on every quantity keeps the earlier checkpoint (and at the same epoch the raw weights before their moving
+average).
 
 The split scored is the validation split; without one, the test split stands in (best/ is then a maximum over
 epochs on the test set, as test.json says); with neither, best/ is the epoch of the lowest training loss.
+
+The weights' moving average (`--ema`, capsnet.training.ema) is a candidate beside the raw weights.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from ..errors import ConfigError
 QUANTITIES = {"val_accuracy": "accuracy", "val_loss": "loss"}  # a monitor's name -> the evaluation's key
 HIGHER_IS_BETTER = {"accuracy": True, "loss": False}
 DEFAULT_MONITOR = "val_loss"  # chosen by the screens of docs/results.md ("Choosing best/")
-LEGACY_MONITOR = "val_accuracy"  # what a run recorded before `monitor` existed chose best/ on
 SELECTED_ON = {"val_acc": "validation accuracy", "val_loss": "validation loss", "test_acc": "test accuracy",
                "test_loss": "test loss", "train_loss": "the training loss"}  # a best/'s metric, in words  # fmt: skip
 
@@ -68,4 +70,28 @@ def best_scores(best: dict[str, Any]) -> dict[str, float] | None:
     return {key: float(best["value"])}
 
 
-__all__ = ["DEFAULT_MONITOR", "LEGACY_MONITOR", "SELECTED_ON", "Monitor", "best_scores"]
+def choose_best(
+    best: dict[str, Any],
+    candidates: list[tuple[str, dict[str, float]]],
+    *,
+    spec: str,
+    split: str | None,
+    epoch: int,
+    step: int,
+) -> dict[str, Any]:
+    """best/'s record after an epoch: each of `candidates` ((weights "raw" | "ema", scores), the raw weights first,
+    so an exact tie keeps them) that beats the record by the monitor `spec` on `split` replaces it; `split` None
+    (no held-out data) compares the training loss."""
+    monitor = Monitor.parse(spec)
+    for weights, scores in candidates:
+        if monitor.better(scores, best_scores(best)):
+            metric = monitor.metric(split) if split is not None else "train_loss"
+            best = {"epoch": epoch, "step": step, "metric": metric, "value": scores[monitor.keys[0]], "monitor": spec,
+                    "scores": scores, "weights": weights}  # fmt: skip
+    return best
+
+
+def check_decay(decay: float | None) -> None:
+    """ConfigError unless `decay` (an EMA's, `--ema`) is None or in (0, 1)."""
+    if decay is not None and not 0 < decay < 1:
+        raise ConfigError(f"ema must be a decay in (0, 1), e.g. 0.999, got {decay}")
