@@ -8,7 +8,7 @@ May import: the foundation modules; never nn, routing, models or above.
 # The registration order is the order `capsnet models` and `--model` list the models in.
 # isort: off
 from . import capsnet, baseline, em_capsnet, efficient_capsnet
-from . import inverted_attention_capsnet, self_routing_capsnet, hvc_capsnet, deepcaps
+from . import inverted_attention_capsnet, self_routing_capsnet, hvc_capsnet, deepcaps, vb_capsnet
 # isort: on
 
 from .base import MODEL_CONFIGS, config_name
@@ -24,4 +24,5 @@ __all__ = [
     "hvc_capsnet",
     "inverted_attention_capsnet",
     "self_routing_capsnet",
+    "vb_capsnet",
 ]

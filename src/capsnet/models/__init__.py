@@ -10,6 +10,7 @@ from .capsnet import CapsNet, CapsNetConfig, CapsNetOutput
 from .baseline import BaselineCNN, BaselineConfig
 from .em_capsnet import EMCapsNet, EMCapsNetConfig, EMCapsNetOutput
 from . import efficient_capsnet, inverted_attention_capsnet, self_routing_capsnet, hvc_capsnet, deepcaps
+from . import vb_capsnet
 # isort: on
 
 from .factory import create_model, list_models
@@ -37,4 +38,5 @@ __all__ = [
     "model_class",
     "register_model",
     "self_routing_capsnet",
+    "vb_capsnet",
 ]

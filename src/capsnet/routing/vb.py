@@ -1,0 +1,165 @@
+"""Variational Bayes routing (Ribeiro, Leontidis & Kollias, AAAI 2020, "Capsule Routing via Variational Bayes"),
+vectorised over the batch, the parent positions and the children in each parent's receptive field.
+
+Each parent j is a Gaussian component over the D pose entries of the votes V_ij it receives, with a Dirichlet
+prior on the mixing proportions π and a Gaussian-Wishart prior on its mean and (diagonal) precision Λ_j; mean-field
+VB alternates (§3, Eqs. 6-13; Bishop 2006 §10.2 for the updates):
+
+- update q(π, μ, Λ) (per parent j), with R'_ij = R_ij a_i (the children's activations weigh their votes):
+  R_j = Σ_i R'_ij;  α_j = α0 + R_j;  κ_j = κ0 + R_j;  ν_j = ν0 + R_j;  μ̄_j = Σ_i R'_ij V_ij / R_j;
+  m_j = (R_j μ̄_j + κ0 m0) / κ_j;  Ψ_j⁻¹ = Ψ0⁻¹ + Σ_i R'_ij (V_ij − μ̄_j)² + κ0 R_j / κ_j (μ̄_j − m0)²  (diagonal);
+- update q(z) (per child i):  E[ln π_j] = ψ(α_j) − ψ(Σ_j' α_j');
+  E[ln |Λ_j|] = Σ_{d<D} ψ((ν_j − d)/2) + D ln 2 + ln |Ψ_j|;
+  E[(V − μ_j)ᵀ Λ_j (V − μ_j)] = D/κ_j + ν_j Σ_h (V_ijh − m_jh)² / Ψ⁻¹_jh;
+  ln ρ_ij = E[ln π_j] + ½ E[ln |Λ_j|] − ½ D ln 2π − ½ E[(V − μ)ᵀ Λ (V − μ)];
+  R_ij = ρ_ij / Σ_{j' ∈ parents(i)} ρ_ij'  (over every parent the child reaches, at all positions);
+- the parent's activation (§3.3) from the entropy of q(μ_j, Λ_j):  H_j = ½ D ln(2πe) − ½ E[ln |Λ_j|],
+  â_j = β_a − (E[π_j] H_j + β_u), with E[π_j] = exp(E[ln π_j]) as the authors' code; the layers then batch-normalise
+  â_j (and m_j) and take a_j = sigmoid(BN(â_j)) (:class:`VBNorm`).
+
+As the authors' released code (fabio-deep/Variational-Capsule-Routing, vb_routing.py): R starts uniform, 1/J per
+slot; the last iteration updates q(π, μ, Λ) only; m0 = 0, Ψ0 = I/ψ0. Their normaliser of R is clamped below at
+1e-11 (`min_normaliser`; here in the log domain, the same values: ln R = ln ρ − max(ln Σ ρ, ln 1e-11)), so a child
+whose votes are far from every parent is dropped (its R_ij ≈ 0) instead of being shared out as the paper's
+normalisation does; VBCapsNet's layers keep the clamp, CapsNet's VBRoutingFC the paper's R (summing to 1).
+
+Speed: as EM routing (capsnet.routing.em) the Gaussian's sufficient statistics (V, V²) are stacked once into
+U = [V − c, (V − c)²]  [B, P, J, I, 2D] (c: each parent's unweighted mean vote, so that Σ R'V² − R μ̄² does not
+cancel); both updates are then contractions of U with small tensors (batched [1, I] @ [I, 2D] and [1, 2D] @ [2D, I]),
+and no [B, P, J, I, D] tensor is made per iteration.
+
+Shapes: B batch, P parent positions, J parent types, I children in a parent's receptive field (slots), D pose entries.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .em import child_normalizer
+
+MIN_NORMALISER = 1e-11  # the authors' clamp of Σ_j ρ_ij
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+class VBPrior(NamedTuple):
+    """The priors (the authors' defaults): Dirichlet α0; Gaussian precision scale κ0 (mean m0 = 0); Wishart degrees
+    of freedom ν0 (None: D + 1) and scale Ψ0 = I / ψ0 (Ψ0⁻¹ = ψ0 I, added to the scatter)."""
+
+    alpha0: float = 1.0
+    kappa0: float = 1.0
+    nu0: float | None = None
+    psi0: float = 1.0
+
+
+DEFAULT_PRIOR = VBPrior()
+
+
+class VBResult(NamedTuple):
+    poses: torch.Tensor  # m_j, the posterior means (before VBNorm)  [B, P, J, D]
+    logits: torch.Tensor  # â_j = β_a − (E[π_j] H_j + β_u), before VBNorm  [B, P, J]
+    assignments: torch.Tensor  # R_ij used by the final update of q(π, μ, Λ)  [B, P, J, I]
+
+
+def _parameters(u, w, c, prior: VBPrior, nu0: float):
+    """Update q(π, μ, Λ) from R'_ij = w [B, P, J, I] and U [B, P, J, I, 2D]: (α_j [B, P, J], m_j, Ψ⁻¹_j [B, P, J, D],
+    κ_j, ν_j [B, P, J], E[ln |Λ_j|] [B, P, J])."""
+    d = c.shape[-1]
+    r_j = w.sum(dim=-1)  # R_j = Σ_i R'_ij  [B, P, J]
+    stats = (w.unsqueeze(-2) @ u).squeeze(-2) / r_j.unsqueeze(-1)  # [E(V − c), E(V − c)²]  [B, P, J, 2D]
+    mu_c = stats[..., :d]  # μ̄_j − c  [B, P, J, D]
+    scatter = r_j.unsqueeze(-1) * (stats[..., d:] - mu_c * mu_c)  # Σ_i R'_ij (V_ij − μ̄_j)²  [B, P, J, D]
+    mu = mu_c + c  # μ̄_j
+    alpha, kappa, nu = prior.alpha0 + r_j, prior.kappa0 + r_j, nu0 + r_j  # [B, P, J]
+    m = (r_j / kappa).unsqueeze(-1) * mu  # m_j = (R_j μ̄_j + κ0 m0) / κ_j with m0 = 0  [B, P, J, D]
+    inv_psi = prior.psi0 + scatter + (prior.kappa0 * r_j / kappa).unsqueeze(-1) * mu * mu  # Ψ⁻¹_j (diag)  [B, P, J, D]
+    # E[ln |Λ_j|] = Σ_{d<D} ψ((ν_j − d)/2) + D ln 2 + ln |Ψ_j|,  ln |Ψ_j| = −Σ_h ln Ψ⁻¹_jh  [B, P, J]
+    half = 0.5 * (nu.unsqueeze(-1) - torch.arange(d, dtype=nu.dtype, device=nu.device))
+    e_ln_lambda = torch.digamma(half).sum(dim=-1) + d * math.log(2.0) - torch.log(inv_psi).sum(dim=-1)
+    return alpha, m, inv_psi, kappa, nu, e_ln_lambda
+
+
+def _e_ln_pi(alpha: torch.Tensor) -> torch.Tensor:
+    """E[ln π_j] = ψ(α_j) − ψ(Σ_j' α_j'), over the parent types at each position  [B, P, J]."""
+    return torch.digamma(alpha) - torch.digamma(alpha.sum(dim=2, keepdim=True))
+
+
+def vb_routing(
+    votes: torch.Tensor,
+    activations: torch.Tensor,
+    beta_u: torch.Tensor,
+    beta_a: torch.Tensor,
+    *,
+    iterations: int = 3,
+    prior: VBPrior = DEFAULT_PRIOR,
+    child_index: torch.Tensor | None = None,
+    n_children: int | None = None,
+    min_normaliser: float = MIN_NORMALISER,
+) -> VBResult:
+    """VB routing of votes V_ij [B, P, J, I, D] weighted by the activations a_i of the child in each slot [B, P, I];
+    β_u, β_a [J] (one per parent type). `child_index` [P, I] (long) maps slots to children, for the normalisation of
+    R over every parent a child reaches (None: each slot is a distinct child). `min_normaliser`: the floor of
+    Σ_j ρ_ij (the authors' 1e-11; 0: none, R_ij sums to 1 over the parents of each child as in the paper)."""
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    bsz, p, j, i, d = votes.shape
+    nu0 = float(d + 1) if prior.nu0 is None else prior.nu0
+    c = votes.mean(dim=3, keepdim=True)  # each parent's unweighted mean vote  [B, P, J, 1, D]
+    x = votes - c
+    u = torch.cat([x, x * x], dim=-1)  # U = [V − c, (V − c)²]  [B, P, J, I, 2D]
+    c = c.squeeze(3)  # [B, P, J, D]
+    a = activations.unsqueeze(2)  # a_i  [B, P, 1, I]
+    r = votes.new_full((1, 1, 1, 1), 1.0 / j).expand(bsz, p, j, i)  # R_ij = 1/J at the start
+    bu, ba = beta_u.view(1, 1, j), beta_a.view(1, 1, j)
+    for t in range(iterations):
+        alpha, m, inv_psi, kappa, nu, e_ln_lambda = _parameters(u, r * a, c, prior, nu0)
+        e_ln_pi = _e_ln_pi(alpha)  # [B, P, J]
+        if t == iterations - 1:
+            break
+        # E[(V − μ)ᵀ Λ (V − μ)] = D/κ_j + Σ_h (ν_j/Ψ⁻¹_jh) ((V − c)² − 2 (V − c)(m − c) + (m − c)²)_h  [B, P, J, I]
+        prec = nu.unsqueeze(-1) / inv_psi  # ν_j / Ψ⁻¹_jh  [B, P, J, D]
+        e = m - c
+        theta = torch.cat([-2.0 * prec * e, prec], dim=-1)  # [B, P, J, 2D]
+        quad = (theta.unsqueeze(-2) @ u.transpose(-1, -2)).squeeze(-2) + (d / kappa + (prec * e * e).sum(-1))[..., None]
+        # ln ρ_ij = E[ln π_j] + ½ E[ln |Λ_j|] − ½ D ln 2π − ½ E[(V − μ)ᵀ Λ (V − μ)]  [B, P, J, I]
+        log_rho = (e_ln_pi + 0.5 * e_ln_lambda - 0.5 * d * _LOG_2PI).unsqueeze(-1) - 0.5 * quad
+        norm = child_normalizer(log_rho, child_index, n_children)  # ln Σ_{parents of i} ρ  [B, P, 1, I]
+        if min_normaliser > 0:
+            norm = norm.clamp_min(math.log(min_normaliser))
+        r = torch.exp(log_rho - norm)  # R_ij = ρ_ij / max(Σ_{parents of i} ρ, min_normaliser)
+    entropy = 0.5 * d * math.log(2.0 * math.pi * math.e) - 0.5 * e_ln_lambda  # H[q(μ_j, Λ_j)]  [B, P, J]
+    logits = ba - (torch.exp(e_ln_pi) * entropy + bu)  # â_j  [B, P, J]
+    return VBResult(m, logits, r)
+
+
+class VBNorm(nn.Module):
+    """The authors' output normalisation of a VB routing layer: BatchNorm without affine parameters of the poses m_j
+    (per parent type, over the batch, the positions and the pose entries: their BatchNorm3d) and of the activation
+    logits â_j (per type, over the batch and the positions), then a_j = sigmoid(BN(â_j))."""
+
+    def __init__(self, n_types: int, *, enabled: bool = True):
+        super().__init__()
+        self.enabled = enabled
+        self.poses = nn.BatchNorm1d(n_types, affine=False) if enabled else None
+        self.logits = nn.BatchNorm1d(n_types, affine=False) if enabled else None
+
+    def forward(self, res: VBResult) -> tuple[torch.Tensor, torch.Tensor]:
+        """VBResult [B, P, J, ...] -> (poses [B, P, J, D], activations a_j [B, P, J])."""
+        m, logits = res.poses, res.logits
+        if self.poses is None or self.logits is None:
+            return m, torch.sigmoid(logits)
+        b, p, j, d = m.shape
+        m = self.poses(m.permute(0, 2, 3, 1).reshape(b, j, d * p)).view(b, j, d, p).permute(0, 3, 1, 2)
+        logits = self.logits(logits.transpose(1, 2)).transpose(1, 2)
+        return m, torch.sigmoid(logits)
+
+
+def xavier_bound(fan_in: int, fan_out: int) -> float:
+    """The authors' Xavier-uniform bound for W_ij: √3 · √(2 / (fan_in + fan_out)), fans = types · K² · D."""
+    return math.sqrt(3.0) * math.sqrt(2.0 / (fan_in + fan_out))
+
+
+__all__ = ["DEFAULT_PRIOR", "MIN_NORMALISER", "VBNorm", "VBPrior", "VBResult", "vb_routing", "xavier_bound"]
