@@ -32,7 +32,7 @@ class VBCapsNetConfig(RecordedData):
     # "authors": what their released code adds (the class layer's output grid is 1×1, so every position gets
     # (0 + 1)/10 = 0.1 in V[0, 3] and V[1, 3]); "positions": what it is written to add, (row + 1)/(10 g) and
     # (col + 1)/(10 g) on the g×g grid; "none".
-    coordinate_addition: Literal["authors", "positions", "none"] = field(
+    coordinates: Literal["authors", "positions", "none"] = field(
         default="authors",
         metadata={"help": "coordinate addition in the class votes: authors (their code: 0.1 everywhere), "
                   "positions ((row+1)/10g, (col+1)/10g) or none"},
@@ -56,10 +56,8 @@ class VBCapsNetConfig(RecordedData):
             raise ConfigError(f"nu0 must be > 15 (the pose has 16 entries), got {self.nu0}")
         if not self.min_normaliser >= 0:
             raise ConfigError(f"min_normaliser must be >= 0, got {self.min_normaliser}")
-        if self.coordinate_addition not in ("authors", "positions", "none"):
-            raise ConfigError(
-                f"coordinate_addition must be authors, positions or none, got {self.coordinate_addition!r}"
-            )
+        if self.coordinates not in ("authors", "positions", "none"):
+            raise ConfigError(f"coordinates must be authors, positions or none, got {self.coordinates!r}")
         if self.class_grid < 1:
             raise ConfigError(f"image_size {self.image_size} is too small for VBCapsNet's layers")
 

@@ -43,9 +43,9 @@ def class_coordinates(config: VBCapsNetConfig) -> torch.Tensor | None:
     ((row + 1)/(10 g), (col + 1)/(10 g)) for "positions"; for "authors" the same formula with the class layer's
     1×1 output grid in place of the input grid, as their code computes it: 0.1 everywhere; None for "none"."""
     g = config.class_grid
-    if config.coordinate_addition == "none":
+    if config.coordinates == "none":
         return None
-    if config.coordinate_addition == "authors":
+    if config.coordinates == "authors":
         return torch.full((g * g, 2), 0.1)
     coord = (torch.arange(g, dtype=torch.float32) + 1.0) / (10.0 * g)
     rows, cols = torch.meshgrid(coord, coord, indexing="ij")
