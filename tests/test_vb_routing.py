@@ -257,3 +257,17 @@ def test_save_and_load_strict(tmp_path):
 def test_the_authors_input_recipe_on_smallnorb():
     assert VBCapsNet.data_recipes == {"smallnorb": {"augment": "crop=32,standardize"}}
     assert VBCapsNet.default_lr == 1e-3
+
+
+def test_layers_route_in_float32_under_bf16_autocast():
+    torch.manual_seed(0)
+    layer = VBConvCaps(2, 3, kernel_size=3, stride=1).eval()
+    fc = VBRoutingFC(6, 3, 4, 16).eval()
+    poses, acts = torch.randn(2, 4, 4, 2, 16), torch.rand(2, 4, 4, 2)
+    u = torch.randn(2, 6, 4)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        m, a = layer(poses.bfloat16(), acts.bfloat16())
+        out = fc(u.bfloat16(), return_weights=True)
+    assert m.dtype == a.dtype == out.capsules.dtype == out.activations.dtype == torch.float32
+    torch.testing.assert_close(a, layer(poses.bfloat16().float(), acts.bfloat16().float())[1])
+    torch.testing.assert_close(out.activations, fc(u.bfloat16().float(), return_weights=True).activations)

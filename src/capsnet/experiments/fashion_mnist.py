@@ -93,6 +93,11 @@ RECIPES: dict[str, Recipe] = {
             "default_lr_decay, 0.5^0.1 per epoch), batch 256, 100 epochs, their ImageDataGenerator's shifts, "
             "rotation, zoom and flips; their second, hard-margin phase not reproduced; not screened",
     ),
+    "vb-capsnet": Recipe(
+        epochs=60, batch_size=128, augment="shift=2",
+        why="the authors' Adam 1e-3 and batch 128 (github.com/fabio-deep/Variational-Capsule-Routing, main.py; no "
+            "decay there, here the stretched x0.25), 2 px shifts; not screened (an epoch takes hours on a CPU)",
+    ),
     "baseline": Recipe(
         epochs=60, batch_size=128, augment="shift=2", lr=1e-3,
         why="the paper's baseline CNN at batch 128, where it trains at lr 1e-3 (docs/benchmarks.md), 2 px shifts; "
@@ -109,6 +114,7 @@ QUICK_MODELS: dict[str, dict[str, Any]] = {
     "self-routing-capsnet": {"resnet_widths": (8, 16), "resnet_blocks": 1, "primary_types": 4},
     "inverted-attention-capsnet": {"stem_channels": 16, "primary_types": 4, "capsule_types": (4, 4)},
     "em-capsnet": {"conv_channels": 8, "primary_types": 4, "caps1_types": 4, "caps2_types": 4},
+    "vb-capsnet": {"conv_channels": 8, "primary_types": 4, "caps1_types": 4, "caps2_types": 4},
     "baseline": {"channels": (8, 8, 4), "hidden": (32, 16)},
     "deepcaps": {"conv_channels": 8, "cell_types": (4, 4, 4, 4), "cell_dims": (2, 4, 4, 4), "class_dim": 8,
                  "decoder_channels": (8, 4, 4)},

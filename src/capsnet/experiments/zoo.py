@@ -66,6 +66,7 @@ SAMPLE_EPOCHS: dict[str, int] = {
     "self-routing-capsnet": 15,
     "hvc-capsnet": 15,
     "deepcaps": 10,
+    "vb-capsnet": 3,
 }
 FASHION_EPOCHS = 3  # one budget for every model on full Fashion-MNIST
 

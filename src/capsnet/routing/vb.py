@@ -157,9 +157,24 @@ class VBNorm(nn.Module):
         return m, torch.sigmoid(logits)
 
 
+def routing_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype VB routing runs in: float64 for float64 inputs, else float32 (bf16 under autocast too: the digamma
+    functions and the scatter Σ R'V² − R μ̄² need it). The layers route with autocast off."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def xavier_bound(fan_in: int, fan_out: int) -> float:
     """The authors' Xavier-uniform bound for W_ij: √3 · √(2 / (fan_in + fan_out)), fans = types · K² · D."""
     return math.sqrt(3.0) * math.sqrt(2.0 / (fan_in + fan_out))
 
 
-__all__ = ["DEFAULT_PRIOR", "MIN_NORMALISER", "VBNorm", "VBPrior", "VBResult", "vb_routing", "xavier_bound"]
+__all__ = [
+    "DEFAULT_PRIOR",
+    "MIN_NORMALISER",
+    "VBNorm",
+    "VBPrior",
+    "VBResult",
+    "routing_dtype",
+    "vb_routing",
+    "xavier_bound",
+]

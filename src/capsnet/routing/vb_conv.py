@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .matrix_capsules import class_votes, field_indices, field_votes, gather_fields
-from .vb import DEFAULT_PRIOR, MIN_NORMALISER, VBNorm, VBPrior, VBResult, vb_routing, xavier_bound
+from .vb import DEFAULT_PRIOR, MIN_NORMALISER, VBNorm, VBPrior, VBResult, routing_dtype, vb_routing, xavier_bound
 
 
 class VBPrimaryCaps(nn.Module):
@@ -92,10 +92,14 @@ class VBConvCaps(nn.Module):
             k = self.kernel_size
             raise ValueError(f"a {hh}x{ww} capsule grid is smaller than the {k}x{k} kernel")
         pos, child = self._indices(hh, ww, poses.device)
-        m, a = gather_fields(poses, activations, pos, out_h * out_w)  # [B, P, I, 4, 4], [B, P, I]
-        res = vb_routing(field_votes(m, self.weight.to(m.dtype)), a, self.beta_u, self.beta_a,
-                         iterations=self.iterations, prior=self.prior, child_index=child, n_children=hh * ww * t,
-                         min_normaliser=self.min_normaliser)  # fmt: skip
+        with torch.autocast(device_type=poses.device.type, enabled=False):  # in float32 (or 64): routing_dtype
+            dtype = routing_dtype(poses)
+            m, a = gather_fields(
+                poses.to(dtype), activations.to(dtype), pos, out_h * out_w
+            )  # [B, P, I, 4, 4], [B, P, I]
+            res = vb_routing(field_votes(m, self.weight.to(dtype)), a, self.beta_u.to(dtype), self.beta_a.to(dtype),
+                             iterations=self.iterations, prior=self.prior, child_index=child,
+                             n_children=hh * ww * t, min_normaliser=self.min_normaliser)  # fmt: skip
         return res, (out_h, out_w)
 
     def forward(self, poses: torch.Tensor, activations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,9 +143,12 @@ class VBClassCaps(nn.Module):
         b, hh, ww, t, _ = poses.shape
         if t != self.in_types:
             raise ValueError(f"VBClassCaps expects {self.in_types} capsule types, got {t}")
-        votes = class_votes(poses, self.weight.to(poses.dtype), self.centres)  # [B, 1, J, H·W·T, 16]
-        res = vb_routing(votes, activations.reshape(b, 1, hh * ww * t), self.beta_u, self.beta_a,
-                         iterations=self.iterations, prior=self.prior, min_normaliser=self.min_normaliser)  # fmt: skip
+        with torch.autocast(device_type=poses.device.type, enabled=False):  # in float32 (or 64): routing_dtype
+            dtype = routing_dtype(poses)
+            votes = class_votes(poses.to(dtype), self.weight.to(dtype), self.centres)  # [B, 1, J, H·W·T, 16]
+            res = vb_routing(votes, activations.to(dtype).reshape(b, 1, hh * ww * t), self.beta_u.to(dtype),
+                             self.beta_a.to(dtype), iterations=self.iterations, prior=self.prior,
+                             min_normaliser=self.min_normaliser)  # fmt: skip
         m, a = self.norm(res)
         return m[:, 0], a[:, 0], res
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from .base import RoutingOutput, check_capsules, check_sizes, votes
 from .dynamic import default_weight_std
-from .vb import DEFAULT_PRIOR, VBNorm, VBPrior, vb_routing
+from .vb import DEFAULT_PRIOR, VBNorm, VBPrior, routing_dtype, vb_routing
 
 
 class VBRoutingFC(nn.Module):
@@ -69,11 +69,14 @@ class VBRoutingFC(nn.Module):
         """u [B, in_caps, in_d], a [B, in_caps] or None (every child active) -> m [B, out_caps, out_d], or
         RoutingOutput(m, R [B, in_caps, out_caps], a_j [B, out_caps])."""
         check_capsules("VBRoutingFC", u, self.in_caps, self.in_d, a)
-        a = u.new_ones(u.shape[:2]) if a is None else a.to(u.dtype)
-        v = votes(self.weight, u)  # V_ij = W_ij u_i  [B, I, J, d_out]
-        # vb_routing's layout: one parent position P = 1, votes [B, 1, J, I, d_out], child activations [B, 1, I]
-        res = vb_routing(v.transpose(1, 2).unsqueeze(1), a.unsqueeze(1), self.beta_u, self.beta_a,
-                         iterations=self.iterations, prior=self.prior, min_normaliser=self.min_normaliser)  # fmt: skip
+        dtype = routing_dtype(u)
+        with torch.autocast(device_type=u.device.type, enabled=False):  # in float32 (or 64): routing_dtype
+            a = u.new_ones(u.shape[:2], dtype=dtype) if a is None else a.to(dtype)
+            v = votes(self.weight.to(dtype), u.to(dtype))  # V_ij = W_ij u_i  [B, I, J, d_out]
+            # vb_routing's layout: one parent position P = 1, votes [B, 1, J, I, d_out], child activations [B, 1, I]
+            res = vb_routing(v.transpose(1, 2).unsqueeze(1), a.unsqueeze(1), self.beta_u.to(dtype),
+                             self.beta_a.to(dtype), iterations=self.iterations, prior=self.prior,
+                             min_normaliser=self.min_normaliser)  # fmt: skip
         poses, acts = self.norm(res)  # [B, 1, J, d_out], [B, 1, J]
         if not return_weights:
             return poses[:, 0]
