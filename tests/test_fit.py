@@ -283,6 +283,15 @@ class NoPredictions(Tiny):
         return self.net(images)
 
 
+class Pixels255(Stripes):
+    """Stripes as float pixels 0-255: `images.float()` of uint8 data, outside the [0, 1] contract."""
+
+    def __init__(self, n: int):
+        super().__init__(n, uint8=True)
+        self.images = self.images.float()
+        self.images[0, 0, 0, 0] = 0.0
+
+
 class Items(torch.utils.data.IterableDataset):
     """Yields single examples, not batches."""
 
@@ -320,6 +329,12 @@ BAD = {
         Tiny, lambda: iter(_batches(torch.rand(4, 1, 12, 12), torch.zeros(4).long())()), DatasetError,
         r"train_data is an iterator, which can be read only once"),
     "not data at all": (Tiny, lambda: 42, DatasetError, r"train_data: a int is neither a Dataset"),
+    "float pixels in 0-255": (
+        Tiny, lambda: Pixels255(8), DatasetError,
+        r"train_data\[0\]: float pixels span \[0, \d+\]; float images must be in \[0, 1\] \(pixels / 255\)"),
+    "a batch of float pixels in 0-255": (
+        Tiny, _batches(torch.full((4, 1, 12, 12), 255.0), torch.zeros(4).long()), DatasetError,
+        r"train_data batch 0: float pixels span \[255, 255\]; float images must be in \[0, 1\]"),
 }  # fmt: skip
 
 

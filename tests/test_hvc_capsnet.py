@@ -189,7 +189,8 @@ def test_train_cli_uses_the_recipe(tmp_path, capsys):
     flags = ["--channels", *map(str, TINY["channels"]), "--train-subset", "24", "--test-subset", "16", "--epochs",
              "1", "--device", "cpu", "--no-progress", "--no-tensorboard", "--out", str(tmp_path / "run")]  # fmt: skip
     assert main(["train", "--model", "hvc-capsnet", *flags]) == 0
-    assert "batch size 120 per process, lr 0.001 (hvc-capsnet's recipe" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "batch size 120 per process (hvc-capsnet's recipe" in out and "lr 0.001 (hvc-capsnet's default" in out
     meta = json.loads((tmp_path / "run" / "config.json").read_text())
     assert meta["augment"] == "hvc" and meta["model"]["channels"] == list(TINY["channels"])
     assert main(["train", "--model", "hvc-capsnet", "--routing", "dynamic", *flags[:-1], str(tmp_path / "r2")]) == 2

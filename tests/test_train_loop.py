@@ -170,7 +170,8 @@ def test_default_batch_is_per_device_and_printed(tmp_path, capsys):
     assert hardware.default_batch_size(torch.device("cuda")) == 128
     config = _run_config(tmp_path, "r", batch_size=None, train_subset=32)
     train(config, small_config())
-    assert "batch size 16 per process, lr 0.001" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "batch size 16 per process (the cpu default; set --batch-size" in out and "lr 0.001 (capsnet's" in out
     assert load_state(tmp_path / "r")["step"] == 2  # 32 images at the CPU default of 16
 
 

@@ -62,7 +62,7 @@ class CapsuleModule(lightning.LightningModule):
         if not isinstance(model, Pretrained) or not callable(getattr(model, "loss", None)):
             raise ConfigError(f"CapsuleModule: {type(model).__name__} is not a capsnet model (a registered one)")
         self.model = model
-        self.lr = float(lr if lr is not None else type(model).default_lr)
+        self.lr = float(lr if lr is not None else type(model).lr_for(model.config))  # the model's own for its size
         self.lr_decay = float(lr_decay if lr_decay is not None else getattr(type(model), "default_lr_decay", 1.0))
         self.augment = AugmentSpec.parse(augment) if augment else None
         if not (self.lr > 0 and 0 < self.lr_decay <= 1):

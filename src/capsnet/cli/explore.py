@@ -18,6 +18,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..models.pretrained import load_pretrained
     from ..training.checkpoint import resolve_checkpoint
+    from ..training.stuck import run_stuck_line
+    from ..viz.common import run_folder_of
     from ..viz.explore import Explorer, _gradio, check_port_free, test_images
 
     _gradio()  # the missing extra is one line before anything loads
@@ -25,7 +27,11 @@ def run(args: argparse.Namespace) -> int:
     (path,) = model_paths(args)
     folder = resolve_checkpoint(path)
     model = load_pretrained(folder)
-    explorer = Explorer(model, images=test_images(model, folder), title=f"{type(model).__name__} ({path})")
+    run_dir = run_folder_of(path)
+    n_classes = getattr(getattr(model, "config", None), "n_classes", 0)
+    note = run_stuck_line(run_dir, n_classes=n_classes) if run_dir is not None else None
+    title = f"{type(model).__name__} ({path})"
+    explorer = Explorer(model, images=test_images(model, folder), title=title, note=note)
     url = explorer.launch(host=args.host, port=args.port, block=False, quiet=True)
     print(f"capsnet explore: serving {url} (Ctrl-C to stop)", flush=True)
     try:

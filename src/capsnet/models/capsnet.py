@@ -20,7 +20,7 @@ from ..nn.losses import MarginLoss, capsule_lengths, margin_plus_reconstruction
 from ..nn.primary import PrimaryCapsules
 from ..nn.standardize import per_image_standardize
 from ..routing.base import RoutingOutput
-from ..routing.dynamic import Router
+from ..routing.dynamic import Router, coherent_vote_lr
 from ..routing.registry import build_routing
 from .inputs import check_images, image_hw
 from .pretrained import Pretrained
@@ -33,6 +33,9 @@ class CapsNetOutput(NamedTuple):
     predictions: torch.Tensor  # argmax_j |v_j|  [B]
     reconstructions: torch.Tensor | None  # decoder output  [B, C, H, W], None without decoder
     coupling: torch.Tensor | None  # final c_ij [B, n_primary, n_classes] when asked for
+
+
+MNIST_CLASS_LAYER = (1152, 10)  # the paper's class layer: 6·6·32 primary capsules routed to 10 digit capsules
 
 
 @register_model
@@ -53,6 +56,16 @@ class CapsNet(Pretrained, nn.Module):
         "capsule_bias": False, "init": "pytorch", "primary_routing": False, "margin_reduction": "sum",
         "primary_grouping": "types", "coupling": "outputs",
     }  # fmt: skip
+
+    @classmethod
+    def lr_for(cls, config: CapsNetConfig) -> float:
+        """The paper's 1e-3 for its MNIST layer (1,152 primary capsules to 10 classes) and below; lower where
+        dynamic routing sums more votes per class (capsnet.routing.dynamic.coherent_vote_lr)."""
+        if config.routing != "dynamic":
+            return cls.default_lr
+        return coherent_vote_lr(
+            cls.default_lr, in_caps=config.n_primary, out_caps=config.n_classes, reference=MNIST_CLASS_LAYER
+        )
 
     def __init__(self, *, config: CapsNetConfig | None = None, **options):
         super().__init__()

@@ -32,7 +32,7 @@ from ..errors import ConfigError
 from ..nn.losses import MarginLoss, capsule_lengths, margin_plus_reconstruction
 from ..nn.standardize import per_image_standardize
 from ..routing.deepcaps import ConvCaps2D, ConvCaps3D, glorot_uniform_
-from ..routing.dynamic import Router
+from ..routing.dynamic import Router, coherent_vote_lr
 from .capsnet import CapsNetOutput
 from .inputs import check_images
 from .pretrained import Pretrained
@@ -75,6 +75,9 @@ class DeepCapsDecoder(nn.Module):
         return F.relu(x)
 
 
+AUTHORS_CLASS_LAYER = (640, 10)  # their 28×28 class layer: the last two cells' 2·2·32 + 4·4·32 capsules, 10 classes
+
+
 @register_model
 class DeepCaps(Pretrained, nn.Module):
     """DeepCaps; `DeepCaps()` builds the authors' 28×28 network (8,441,920 parameters without the decoder,
@@ -92,6 +95,14 @@ class DeepCaps(Pretrained, nn.Module):
     # flips are left out (capsnet refuses them on digit sets; `--augment ...,flip` adds them on Fashion-MNIST)
     data_recipes: ClassVar[dict[str, dict[str, str]]] = {"idx": {"augment": "shift=3,rotate=0.1,zoom=0.9:1.1"}}
     saved_defaults: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def lr_for(cls, config: DeepCapsConfig) -> float:
+        """The authors' 1e-3 for their 28×28 class layer (640 capsules to 10 classes) and below; lower where its
+        dynamic routing sums more votes per class (capsnet.routing.dynamic.coherent_vote_lr)."""
+        return coherent_vote_lr(
+            cls.default_lr, in_caps=config.n_class_inputs, out_caps=config.n_classes, reference=AUTHORS_CLASS_LAYER
+        )
 
     def __init__(self, *, config: DeepCapsConfig | None = None, **options: Any):
         super().__init__()

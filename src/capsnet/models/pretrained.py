@@ -53,6 +53,12 @@ class Pretrained(_ModuleBase):
     # also "repo", "revision", "commit", "pinned": capsnet.models.hf_hub); None for a model built afresh.
     provenance: dict[str, Any] | None = None
 
+    @classmethod
+    def lr_for(cls, config: Any) -> float:
+        """Adam's learning rate for a model of `config` when none is given: `default_lr`, the paper's (a model
+        whose right rate depends on its size overrides this; CapsNet and DeepCaps do)."""
+        return cls.default_lr
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A model whose config records its training data reads an older config.json's missing data fields as
         they were then (RECORDED_SAVED_DEFAULTS), besides its own `saved_defaults`."""

@@ -46,6 +46,23 @@ def default_weight_std(in_caps: int) -> float:
     return 1.0 / math.sqrt(in_caps)
 
 
+def coherent_vote_lr(lr: float, *, in_caps: int, out_caps: int, reference: tuple[int, int]) -> float:
+    """Adam's learning rate for a dynamic-routing class layer of in_caps -> out_caps, from `lr`, the rate a paper
+    trained its own layer of reference = (in_caps, out_caps) with: lr × min(1, (N_ref / J_ref) / (N / J)).
+
+    Eq. 2: s_j = Σ_i c_ij û_j|i with c_ij ≈ 1/J at first, so s_j grows with the N/J votes that agree. Adam moves every
+    W_ij by about lr per step whatever its gradient, so after a few steps of votes that agree (an easy class of one's
+    own data) |s_j| grows N/J-fold faster than in the paper's layer. Where N/J is far above the paper's (CapsNet
+    at 32×32 RGB with 3 classes: 2,048 / 3 = 683 against MNIST's 1,152 / 10 = 115), every |s_j| reaches the
+    squash's flat end within the first epoch, where |v_j| ≈ 1 for every class and the margin loss's gradient
+    through Eq. 1 falls as 1/|s_j|³: training stops at chance (docs/fidelity.md, "Learning rate and the number
+    of votes"). Scaling lr by the ratio keeps the per-step change of |s_j| the paper's; at the paper's N/J or
+    below it is the paper's lr unchanged.
+    """
+    ratio = (reference[0] / reference[1]) / (in_caps / out_caps)
+    return lr * min(1.0, ratio)
+
+
 class Router(KernelLayer, nn.Module):
     """Dynamic routing between capsules (Procedure 1 of the paper), as a drop-in layer.
 

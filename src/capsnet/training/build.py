@@ -99,6 +99,11 @@ def _build_model(opened: runfolder.OpenedRun, model_config: Any, device: torch.d
     model_config = dataclasses.replace(model_config, **fields)
 
     assert config.batch_size is not None  # resolved by open_run()
+    if config.lr is None:  # the model's own for its size (CapsNet's and DeepCaps' fall with more votes per class)
+        config = dataclasses.replace(config, lr=model_class.lr_for(model_config))
+        if dist.is_main and saved is None:
+            print(f"lr {config.lr:g} ({config.model}'s default for its size; set --lr to change)", flush=True)
+    assert config.batch_size is not None
     check_memory(model_config, config.batch_size, device)  # one line with the fixes, before allocating anything
     torch.manual_seed(config.seed)
     model = model_class(config=model_config)

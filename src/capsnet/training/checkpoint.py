@@ -46,6 +46,8 @@ TEST_NAME = "test.json"
 COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr",
            "images_per_s", "seconds"]  # fmt: skip
 EMA_COLUMNS = ["ema_val_loss", "ema_val_acc", "ema_test_loss", "ema_test_acc"]  # --ema: its average's scores
+# Models with class lengths: the held-out split's mean shortest and longest (capsnet.training.stuck reads them).
+LENGTH_COLUMNS = ["shortest_length", "longest_length"]
 # A row's val_* cells are blank without a validation split; its test_* cells are blank with one (the test split
 # is then scored only at the end, into test.json).
 
@@ -146,8 +148,8 @@ def set_rng_states(states: dict[str, Any], device: torch.device, augment_rng: to
 def write_summary(run_dir: Path, history: list[dict[str, float]]) -> None:
     """Rewrite summary.csv from the whole history (so a resumed run never duplicates a row)."""
     buf = io.StringIO()
-    averaged = [k for k in EMA_COLUMNS if any(k in row for row in history)]  # (columns of --ema runs only)
-    columns = COLUMNS[:-3] + averaged + COLUMNS[-3:]
+    extra = [k for k in EMA_COLUMNS + LENGTH_COLUMNS if any(k in row for row in history)]  # (only runs with them)
+    columns = COLUMNS[:-3] + extra + COLUMNS[-3:]
     writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for row in history:

@@ -119,6 +119,9 @@ class TrainConfig:
     )  # fmt: skip
     out: str = field(default="runs/capsnet", metadata={"help": "run folder for checkpoints and metrics"})
     resume: bool = field(default=False, metadata={"help": "continue the run in --out from its last checkpoint"})
+    overwrite: bool = field(
+        default=False, metadata={"help": "delete the run already in --out and start afresh (not with --resume)"}
+    )
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     tensorboard: bool = field(default=True, metadata={"help": "write TensorBoard scalars when installed"})
     model: str = field(
@@ -148,6 +151,8 @@ class TrainConfig:
             raise ConfigError(str(e)) from None
         check_schedule(self.lr, self.lr_decay, self.lr_end)
         check_selection(self)
+        if self.overwrite and self.resume:
+            raise ConfigError("overwrite deletes the run that resume would continue: give one of them")
 
     @property
     def learning_rate(self) -> float:
@@ -195,6 +200,7 @@ class FitConfig:
     progress: bool = True
     tensorboard: bool = True
     resume: bool = False
+    overwrite: bool = False  # delete the run already in `out` and start afresh
     # Not keywords of capsnet.fit (`internal`): the batches of a Dataset or DataLoader are not capturable, so
     # always eager; cuDNN keeps the session's setting.
     cuda_graphs: bool = field(default=False, metadata={"internal": True})
@@ -213,6 +219,8 @@ class FitConfig:
             raise ConfigError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
         check_schedule(self.lr, self.lr_decay, self.lr_end)
         check_selection(self)
+        if self.overwrite and self.resume:
+            raise ConfigError("overwrite deletes the run that resume would continue: give one of them")
 
     @property
     def learning_rate(self) -> float:

@@ -68,6 +68,7 @@ def fit(
     progress: bool = True,
     tensorboard: bool = True,
     resume: bool = False,
+    overwrite: bool = False,
     on_step: Callable[[int], bool] | None = None,
     digits: bool = False,
 ) -> TrainResult:
@@ -92,7 +93,13 @@ def fit(
 
     `resume=True` continues the run in `out`: from the batch where it stopped for a Dataset, or from the start of the
     first unfinished epoch for an iterable. The model and data are given again; the settings must be the run's
-    (the epochs, device, precision, progress, ... may change: capsnet.training.record.MAY_CHANGE).
+    (the epochs, device, precision, progress, ... may change: capsnet.training.record.MAY_CHANGE). `overwrite=True`
+    deletes the run already in `out` (a capsnet run's folder only) and starts afresh; without it a finished run
+    there is never touched.
+
+    A Dataset with a `classes` list (as torchvision's ImageFolder has) names the model's classes (its config's
+    `class_names`), so predictions print names. `lr` unset is the model's own default for its size
+    (`lr_for`: CapsNet's and DeepCaps' depend on their number of votes per class).
     """
     if not isinstance(model, nn.Module):
         raise ConfigError(f"fit: model must be an nn.Module, got {type(model).__name__}")
@@ -102,20 +109,51 @@ def fit(
     cls = type(model)
     config = FitConfig(
         epochs=epochs, out=str(out), model=model_name(model), batch_size=batch_size, eval_batch_size=eval_batch_size,
-        lr=lr if lr is not None or resume else getattr(cls, "default_lr", 1e-3),  # (resuming, unset: the run's)
+        lr=lr if lr is not None or resume else default_lr(model),  # (resuming, unset: the run's)
         lr_decay=lr_decay if lr_decay is not None or lr_end is not None or resume else getattr(cls, "default_lr_decay",
                                                                                                 None),
         lr_end=lr_end, val_fraction=val_fraction, val_seed=val_seed, monitor=monitor, ema=ema, seed=seed,
         workers=workers, device=device,
         precision=precision, compile=compile, channels_last=channels_last, progress=progress,
-        tensorboard=tensorboard, resume=resume,
+        tensorboard=tensorboard, resume=resume, overwrite=overwrite,
     )  # fmt: skip
     cfg = getattr(model, "config", None)
     if dataclasses.is_dataclass(cfg) and hasattr(cfg, "digits"):
         cfg.digits = bool(digits)  # what the model records of its data (capsnet predict reads it)
+    names = dataset_classes(train_data)
+    if names is not None and dataclasses.is_dataclass(cfg) and hasattr(cfg, "class_names") and not resume:
+        n_classes = getattr(cfg, "n_classes", len(names))
+        if len(names) != n_classes:
+            raise DatasetError(f"train_data.classes names {len(names)} classes, the {cls.__name__} has {n_classes} "
+                               "(its config's n_classes)")  # fmt: skip
+        cfg.class_names = names  # what the model's predictions are called (capsnet predict prints them)
+    if lr is None and not resume and progress:
+        print(f"lr {config.lr:g} ({cls.__name__}'s default for its size; set lr= to change)", flush=True)
     task = LoaderTask(train_data, val=val_data, test=test_data, val_fraction=config.val_fraction,
                       val_seed=config.val_seed, workers=config.workers, recipe=recipe_of(model))  # fmt: skip
     return launch(config, lambda device, dist: _make_run(config, model, task, device, dist), on_step)
+
+
+def default_lr(model: nn.Module) -> float:
+    """Adam's learning rate for `model` when none is given: a capsnet model's own for its config (`lr_for`), else
+    its class's `default_lr`, else 1e-3."""
+    lr_for, cfg = getattr(type(model), "lr_for", None), getattr(model, "config", None)
+    if callable(lr_for) and cfg is not None:
+        return float(lr_for(cfg))
+    return float(getattr(type(model), "default_lr", 1e-3))
+
+
+def dataset_classes(data: Any) -> tuple[str, ...] | None:
+    """The class names a Dataset carries as `classes` (torchvision's convention; through a Subset or a
+    DataLoader's dataset too), or None."""
+    for _ in range(3):
+        classes = getattr(data, "classes", None)
+        if isinstance(classes, (list, tuple)) and classes and all(isinstance(c, str) for c in classes):
+            return tuple(classes)
+        data = getattr(data, "dataset", None)
+        if data is None:
+            return None
+    return None
 
 
 def _make_run(config: FitConfig, model: nn.Module, task: LoaderTask, device: torch.device, dist) -> Run:

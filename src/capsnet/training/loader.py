@@ -86,6 +86,7 @@ def check_example(item: Any, where: str) -> None:
         got = f"shape {list(image.shape)}" if isinstance(image, torch.Tensor) else type(image).__name__
         raise DatasetError(f"{where}: the image is {got}; expected a tensor [C, H, W] (float, or uint8 for /255)")
     _check_dtype(image, where)
+    check_range(image, where)
     if not _is_index(label):
         raise DatasetError(f"{where}: the label is {label!r}; expected a class index (an int)")
 
@@ -109,6 +110,21 @@ def check_batch(batch: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
 def _check_dtype(images: torch.Tensor, where: str) -> None:
     if not (images.is_floating_point() or images.dtype == torch.uint8):
         raise DatasetError(f"{where}: images of dtype {images.dtype}; expected float, or uint8 for /255")
+
+
+# How far past [0, 1] float images may reach: added noise or rounding is data as it comes; pixels 0-255 and
+# standardised images (MNIST's reach 2.8) are another contract.
+RANGE_SLACK = 0.1
+
+
+def check_range(images: torch.Tensor, where: str) -> None:
+    """DatasetError unless float images are x01 = pixels / 255, in [0, 1] (the contract every model's recipe
+    starts from). Called on a first example or batch only: it reads the values (a sync on a GPU tensor)."""
+    if images.is_floating_point() and images.numel():
+        low, high = float(images.min()), float(images.max())
+        if low < -RANGE_SLACK or high > 1 + RANGE_SLACK:
+            raise DatasetError(f"{where}: float pixels span [{low:g}, {high:g}]; float images must be in [0, 1] "
+                               "(pixels / 255): divide by 255, or give uint8 pixels")  # fmt: skip
 
 
 def _is_index(label: Any) -> bool:
@@ -183,7 +199,10 @@ class Source:
             if sampler is not None and hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(epoch)
         for k, batch in enumerate(self.data):
-            yield check_batch(batch, f"{self.part}_data batch {k}")
+            images, labels = check_batch(batch, f"{self.part}_data batch {k}")
+            if k == 0 and epoch == 0:
+                check_range(images, f"{self.part}_data batch 0")
+            yield images, labels
 
 
 def _on_device(images: torch.Tensor, labels: torch.Tensor, device: torch.device, recipe: InputRecipe) -> Batch:

@@ -18,6 +18,7 @@ small all-reduce), so a stop takes effect within STOP_CHECK_EVERY steps; a singl
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,7 @@ from .progress import _Logger, _StopFlag
 from .record import resumed_configs, split_changes
 from .runfolder import release, resumed_line
 from .state import EpochSums, RunState, restore, save_checkpoint
+from .stuck import epoch_stuck_line
 from .tasks import Batch, Task
 
 __all__ = ["DATA_FIELDS", "Run", "TrainConfig", "TrainResult", "build", "make_adam", "resolve_device", "resume",
@@ -211,6 +213,7 @@ def evaluate_epoch(run: Run, state: RunState) -> dict[str, float]:
     split = "val" if run.task.has_val else "test" if run.task.has_test else None
     row = {"epoch": state.epoch + 1, "train_loss": loss_sum / max(count, 1), "train_acc": correct / max(count, 1)}
     candidates: list[tuple[str, dict[str, float]]] = [("raw", {"loss": row["train_loss"]})]
+    row_classes = 0  # the class lengths' number, where the model's outputs have them
     if split is not None:
         models = [("raw", run.model)] + ([("ema", run.ema.model)] if run.ema is not None else [])
         candidates = []
@@ -220,9 +223,15 @@ def evaluate_epoch(run: Run, state: RunState) -> dict[str, float]:
             )
             prefix = "" if weights == "raw" else "ema_"
             row.update({f"{prefix}{split}_loss": scores["loss"], f"{prefix}{split}_acc": scores["accuracy"]})
+            if weights == "raw" and "shortest" in scores:
+                row.update({"shortest_length": scores["shortest"], "longest_length": scores["longest"]})
+                row_classes = int(scores["classes"])
             candidates.append((weights, {"accuracy": scores["accuracy"], "loss": scores["loss"]}))
     row.update({"lr": lr, "images_per_s": count / max(seconds, 1e-9), "seconds": seconds})
     state.history.append(row)
+    line = epoch_stuck_line(row, n_classes=row_classes, flag="--lr" if isinstance(run.config, TrainConfig) else "lr=")
+    if line is not None and run.dist.is_main:
+        print(line, file=sys.stderr, flush=True)
     spec = run.config.monitor if split is not None else "val_loss"  # (no held-out data: the training loss)
     assert spec is not None  # resolved by open_run()
     monitor = Monitor.parse(spec)

@@ -30,7 +30,7 @@ from .config import FitConfig, TrainConfig, upgrade_monitor, upgrade_train_dict
 # What a resumed run may change. lr_decay and lr_end reshape the schedule from the resumed epoch on, as epochs does.
 MAY_CHANGE = ("epochs", "lr_decay", "lr_end", "eval_batch_size", "device", "precision", "channels_last", "compile",
               "cuda_graphs", "cudnn_benchmark", "progress", "tensorboard", "workers", "data_dir", "out",
-              "resume")  # fmt: skip
+              "overwrite", "resume")  # fmt: skip
 FROM_STATE = ("val_fraction", "val_seed")  # a TrainConfig's split is the one its record says (runfolder.settle)
 SCHEDULE = ("lr_decay", "lr_end")  # one setting, given either way: one given now replaces the run's other
 RECORD_MARK = "capsnet_version"  # a key of every record written since lr_end may be unset (upgrade_schedule)
@@ -134,7 +134,7 @@ def conflict_error(
     key, given, recorded = found[0]
     others = f" (also {', '.join(say(k, v, style) for k, v, _ in found[1:])})" if found[1:] else ""
     fields = {f.name for f in dataclasses.fields(config_class) if not f.metadata.get("internal")}
-    names = [k for k in MAY_CHANGE[:-2] if k in fields]  # (not out and resume: they say which run, and to resume it)
+    names = [k for k in MAY_CHANGE[:-3] if k in fields]  # (not out, overwrite, resume: which run, and what to do)
     changeable = ", ".join(k if style == "keyword" else "--" + k.replace("_", "-") for k in names)
     return ConfigError(
         f"{run_dir}: {say(key, given, style)} conflicts with the run's recorded {say(key, recorded, style)}{others}; "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -128,10 +129,10 @@ def settle(config, device: torch.device, dist, *, flag: str, batches: bool, note
         recipe = getattr(MODELS[name], "default_batch_size", None) if isinstance(name, str) and name in MODELS else None
         config = dataclasses.replace(config, batch_size=recipe or default_batch_size(device))
         if batches:
-            flags = "--batch-size and --lr" if flag.startswith("--") else "batch_size= and lr="
-            whose = f"{name}'s recipe" if recipe else f"the {device.type} defaults"
-            notes.append((f"batch size {config.batch_size} per process, lr {config.learning_rate:g} ({whose}; set "
-                          f"{flags} to change)", sys.stdout))  # fmt: skip
+            option = "--batch-size" if flag.startswith("--") else "batch_size="
+            whose = f"{name}'s recipe" if recipe else f"the {device.type} default"
+            notes.append((f"batch size {config.batch_size} per process ({whose}; set {option} to change)",
+                          sys.stdout))  # fmt: skip
     note = precision_note(device, config.precision)
     if note:
         notes.append((note, sys.stderr))
@@ -185,11 +186,25 @@ def claim(config, dist, *, flag: str, model_settings: dict[str, Any] | None = No
         acquire(run_dir, out=out)
     try:
         names = folder_contents(run_dir)  # (again, under the lock: what another run wrote meanwhile counts)
+        if getattr(config, "overwrite", False) and names and dist.is_main:
+            clear_run(run_dir)  # (a capsnet run's folder, checked above: the user asked for it to go)
+            names = []
         if not config.resume and names:
             check_fresh(config, run_dir, flag=flag, out=out, model_settings=model_settings)
     except BaseException:
         release(run_dir)
         raise
+
+
+def clear_run(run_dir: Path) -> None:
+    """Delete the run in `run_dir` (overwrite): everything in it but the lock this process holds."""
+    for entry in run_dir.iterdir():
+        if entry.name == LOCK_NAME:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def check_fresh(config, run_dir: Path, *, flag: str, out: str, model_settings: dict[str, Any] | None) -> None:

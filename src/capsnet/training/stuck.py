@@ -10,7 +10,12 @@ stuck").
 
 from __future__ import annotations
 
+import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from ..errors import CheckpointError
 
 # "At chance": training accuracy within a tenth of the way from chance to perfect.
 CHANCE_MARGIN = 0.1
@@ -58,4 +63,40 @@ def stuck_line(*, epoch: int, accuracy: float, n_classes: int, stats: LengthStat
     )
 
 
-__all__ = ["CHANCE_MARGIN", "SATURATED", "LengthStats", "at_chance", "saturation", "stuck_line"]
+def epoch_stuck_line(row: Mapping[str, float], *, n_classes: int, flag: str) -> str | None:
+    """:func:`stuck_line` for an epoch's row of the run's history (summary.csv): its training accuracy and the
+    class lengths its evaluation measured (None when it measured none). `flag` is how the user sets the learning
+    rate: "--lr" (capsnet train) or "lr=" (capsnet.fit)."""
+    shortest, longest = row.get("shortest_length"), row.get("longest_length")
+    if n_classes < 2 or shortest is None or longest is None or math.isnan(shortest) or math.isnan(longest):
+        return None
+    lr = row.get("lr", math.nan)
+    lower = f"{flag}{' ' if flag.startswith('--') else ''}{lr / 10:.0e}" if lr > 0 else f"a lower {flag}"
+    hint = f'a learning rate 3-10x lower ({lower}; docs/training.md, "When training is stuck")'
+
+    return stuck_line(epoch=int(row["epoch"]), accuracy=row["train_acc"], n_classes=n_classes,
+                      stats=LengthStats(shortest, longest), hint=hint)  # fmt: skip
+
+
+def run_stuck_line(run_dir: str | os.PathLike, *, n_classes: int) -> str | None:
+    """The stuck line of a run folder's last epoch (summary.csv), for `capsnet explore`'s note; None when the
+    run is not stuck or records no class lengths."""
+    from .checkpoint import read_summary
+
+    try:
+        rows = read_summary(run_dir)
+    except (CheckpointError, OSError):
+        return None
+    return epoch_stuck_line(rows[-1], n_classes=n_classes, flag="--lr") if rows else None
+
+
+__all__ = [
+    "CHANCE_MARGIN",
+    "SATURATED",
+    "LengthStats",
+    "at_chance",
+    "epoch_stuck_line",
+    "run_stuck_line",
+    "saturation",
+    "stuck_line",
+]

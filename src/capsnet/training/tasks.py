@@ -350,23 +350,46 @@ def seeded_generator(device: torch.device, *values: int) -> torch.Generator:
 def evaluate_batches(model, batches, *, score, device: torch.device, dist: dist_utils.DistInfo) -> dict:
     """Loss and accuracy over `batches` (this rank's (Batch) share), summed over ranks.
 
-    `score(model, batch) -> (loss tensor, n correct)`; returns {"accuracy", "loss", "n"}. The sums stay on the
-    device until the end (one read).
+    `score(model, batch) -> (loss tensor, n correct)`; returns {"accuracy", "loss", "n"}, and where the model's
+    outputs carry class `.lengths` [B, n_classes], "shortest" and "longest": the mean over images of the shortest
+    and the longest, with "classes", their number (capsnet.training.stuck). The sums stay on the device until the
+    end (one read).
     """
     was_training = model.training
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
-    with torch.no_grad():
-        for batch in batches:
-            loss, n_correct = score(model, batch)
-            n = batch.images.shape[0]
-            sums += torch.stack(
-                [
-                    loss.detach().double() * n,
-                    torch.as_tensor(n_correct, device=device).double(),
-                    torch.tensor(float(n), dtype=torch.float64, device=device),
-                ]
-            )
+    lengths = torch.zeros(3, dtype=torch.float64, device=device)  # Σ shortest, Σ longest class length, images
+    widths: set[int] = set()  # the class lengths' n_classes (a shape: no device read)
+    hook = model.register_forward_hook(lambda _m, _i, out: _add_lengths(lengths, widths, out))
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                loss, n_correct = score(model, batch)
+                n = batch.images.shape[0]
+                sums += torch.stack(
+                    [
+                        loss.detach().double() * n,
+                        torch.as_tensor(n_correct, device=device).double(),
+                        torch.tensor(float(n), dtype=torch.float64, device=device),
+                    ]
+                )
+    finally:
+        hook.remove()
     model.train(was_training)
-    loss_sum, correct, count = dist_utils.all_sum_tensor(sums, dist).tolist()
-    return {"accuracy": correct / max(count, 1), "loss": loss_sum / max(count, 1), "n": int(count)}
+    loss_sum, correct, count, shortest, longest, measured = dist_utils.all_sum_tensor(
+        torch.cat([sums, lengths]), dist
+    ).tolist()
+    scores = {"accuracy": correct / max(count, 1), "loss": loss_sum / max(count, 1), "n": int(count)}
+    if measured:  # the model's outputs have class lengths (or probabilities): capsnet.training.stuck reads them
+        scores.update({"shortest": shortest / measured, "longest": longest / measured, "classes": max(widths)})
+    return scores
+
+
+def _add_lengths(sums: torch.Tensor, widths: set[int], out: Any) -> None:
+    """Add a forward's shortest and longest class length [B, n_classes] (its `.lengths`), summed over the batch,
+    and its batch size to `sums`; its n_classes to `widths`."""
+    lengths = getattr(out, "lengths", None)
+    if isinstance(lengths, torch.Tensor) and lengths.dim() == 2 and lengths.shape[1] > 1:
+        widths.add(lengths.shape[1])
+        ends = lengths.detach().double()
+        sums += torch.stack([ends.min(dim=1).values.sum(), ends.max(dim=1).values.sum(), ends.new_tensor(len(ends))])

@@ -36,10 +36,19 @@ def _gradio():
 
 class Explorer:
     """The page for one model. `images` [N, C, H, W] (uint8 or floats in [0, 1]): the gallery, e.g. a few of the
-    run's test images; each is written as a PNG and read back through `capsnet predict`'s conversion."""
+    run's test images; each is written as a PNG and read back through `capsnet predict`'s conversion. `note`: a
+    line shown at the top (`capsnet explore` gives the training run's stuck line there, when it is stuck)."""
 
-    def __init__(self, model: torch.nn.Module, *, images: torch.Tensor | None = None, title: str | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        images: torch.Tensor | None = None,
+        title: str | None = None,
+        note: str | None = None,
+    ):
         self.model = model.eval()
+        self.note = note  # a line about the run shown above everything (e.g. capsnet.training.stuck's)
         self.names = em.class_names(model)
         self.features = em.features(model)
         self.title = title or type(model).__name__

@@ -20,6 +20,8 @@ def build_page(ex, gr):
         state = gr.State(None)
         ui["state"] = state
         gr.Markdown(INTRO.format(title=ex.title))
+        if ex.note:
+            gr.Markdown(f"**Note:** {ex.note}", elem_id="note")
         if f.hidden:
             gr.Markdown("**Not shown for this model:**\n" + "\n".join(f"- {h}" for h in f.hidden),
                         elem_id="hidden-panels")  # fmt: skip

@@ -1,0 +1,195 @@
+"""A user's own data trains out of the box: the learning rate each model takes for its size, the line that says a
+run is stuck (capsnet train, capsnet.fit, capsnet explore's note), and `fit` on a Dataset as it comes (its class
+names, starting afresh)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import capsnet
+from capsnet.configs.capsnet import CapsNetConfig
+from capsnet.configs.deepcaps import DeepCapsConfig
+from capsnet.errors import ConfigError, RunFolderError
+from capsnet.models.capsnet import CapsNet
+from capsnet.models.deepcaps import DeepCaps
+from capsnet.models.efficient_capsnet import EfficientCapsNet
+from capsnet.routing.dynamic import coherent_vote_lr
+from capsnet.training.checkpoint import read_summary
+from capsnet.training.distributed import DistInfo
+from capsnet.training.stuck import run_stuck_line
+from capsnet.training.tasks import Batch, evaluate_batches
+
+QUIET = {"progress": False, "tensorboard": False, "device": "cpu"}
+
+
+# ------------------------------------------------------------------------------------------ the learning rate
+def test_the_vote_rule_is_the_papers_rate_at_the_papers_votes_per_class_and_below():
+    assert coherent_vote_lr(1e-3, in_caps=1152, out_caps=10, reference=(1152, 10)) == 1e-3
+    assert coherent_vote_lr(1e-3, in_caps=32, out_caps=10, reference=(1152, 10)) == 1e-3  # fewer votes: unchanged
+    assert coherent_vote_lr(1e-3, in_caps=2048, out_caps=3, reference=(1152, 10)) == pytest.approx(
+        1e-3 * (1152 / 10) / (2048 / 3)
+    )
+
+
+def test_capsnet_keeps_the_papers_rate_on_mnist_and_lowers_it_for_rgb_with_few_classes():
+    assert CapsNet.lr_for(CapsNetConfig()) == 1e-3  # the paper's MNIST model: its recipe unchanged
+    rgb = CapsNetConfig(in_channels=3, image_size=32, n_classes=3)
+    assert rgb.n_primary == 2048
+    assert CapsNet.lr_for(rgb) == pytest.approx(1.6875e-4)  # 1e-3 · (1152/10) / (2048/3)
+    assert CapsNet.lr_for(CapsNetConfig(in_channels=3, image_size=32, n_classes=10)) == pytest.approx(5.625e-4)
+    assert CapsNet.lr_for(CapsNetConfig(routing="self-routing")) == CapsNet.default_lr  # not dynamic routing
+
+
+def test_deepcaps_keeps_its_authors_rate_at_ten_classes_and_lowers_it_at_three():
+    assert DeepCaps.lr_for(DeepCapsConfig()) == 1e-3
+    assert DeepCaps.lr_for(DeepCapsConfig(image_size=32, in_channels=3, n_classes=3)) == pytest.approx(3e-4)
+
+
+def test_other_models_take_their_papers_rate_whatever_their_size():
+    assert EfficientCapsNet.lr_for(EfficientCapsNet().config) == EfficientCapsNet.default_lr == 5e-4
+
+
+# ------------------------------------------------------------------------------------------ stuck training
+class Saturated(nn.Module):
+    """A model stuck as CapsNet gets stuck: every class length near 1 whatever the image, one class predicted."""
+
+    def __init__(self, classes: int = 3):
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(1.0))
+        self.classes = classes
+
+    def forward(self, images, labels=None):
+        b = images.shape[0]
+        lengths = torch.full((b, self.classes), 0.99) + 0.001 * torch.tanh(self.scale) * torch.arange(self.classes)
+        return SimpleNamespace(lengths=lengths, predictions=lengths.argmax(dim=1))
+
+    def loss(self, out, images, labels):
+        loss = (out.lengths - 0.5).square().mean()
+        return loss, {}
+
+
+class Balanced(torch.utils.data.Dataset):
+    def __init__(self, n: int = 30, classes: int = 3):
+        self.labels = torch.arange(n) % classes
+        self.classes_n = classes
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return torch.rand(1, 8, 8), int(self.labels[i])
+
+
+class Fixed(nn.Module):
+    """Returns the same class lengths [B, n_classes] for any batch."""
+
+    def __init__(self, lengths: torch.Tensor):
+        super().__init__()
+        self.lengths = lengths
+
+    def forward(self, images, labels=None):
+        return SimpleNamespace(lengths=self.lengths, predictions=self.lengths.argmax(dim=1))
+
+
+def test_evaluation_measures_the_mean_shortest_and_longest_class_length():
+    model = Fixed(torch.tensor([[0.1, 0.9, 0.5], [0.2, 0.4, 0.3]]))
+    batch = Batch(torch.zeros(2, 1, 8, 8), torch.tensor([1, 0]))  # the predictions: 1, 1
+
+    def score(m, b):
+        out = m(b.images)
+        return torch.tensor(0.0), (out.predictions == b.targets).sum()
+
+    scores = evaluate_batches(model, [batch, batch], score=score, device=torch.device("cpu"), dist=DistInfo())
+    assert scores["shortest"] == pytest.approx((0.1 + 0.2) / 2) and scores["longest"] == pytest.approx(0.65)
+    assert scores["classes"] == 3 and scores["accuracy"] == 0.5 and scores["n"] == 4
+    assert model._forward_hooks == {}  # the evaluation's hook is gone
+
+
+def test_fit_says_when_training_is_stuck_and_the_explorer_note_says_it_again(tmp_path, capsys):
+    torch.manual_seed(0)
+    capsnet.fit(Saturated(), Balanced(), epochs=1, out=tmp_path / "run", batch_size=10, lr=1e-3, **QUIET)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "training looks stuck" in line]
+    assert len(lines) == 1
+    assert "after epoch 1" in lines[0] and "3 classes" in lines[0] and "near 1" in lines[0] and "lr=1e-04" in lines[0]
+    row = read_summary(tmp_path / "run")[-1]
+    assert row["shortest_length"] == pytest.approx(0.99, abs=1e-3) and row["longest_length"] >= row["shortest_length"]
+    note = run_stuck_line(tmp_path / "run", n_classes=3)
+    assert note is not None and "after epoch 1" in note and "--lr 1e-04" in note
+    assert run_stuck_line(tmp_path / "nowhere", n_classes=3) is None
+
+
+def test_a_learning_run_says_nothing_about_being_stuck(tmp_path, capsys):
+    from test_fit import Stripes, Tiny  # a module of one's own that learns its stripes
+
+    torch.manual_seed(0)
+    capsnet.fit(Tiny(), Stripes(60), epochs=2, out=tmp_path / "run", batch_size=10, **QUIET)
+    assert "stuck" not in capsys.readouterr().err
+    assert run_stuck_line(tmp_path / "run", n_classes=3) is None  # (no class lengths: nothing to say)
+
+
+# ------------------------------------------------------------------------------------------ fit on a Dataset
+class Named(Balanced):
+    """A Dataset that names its classes as torchvision's ImageFolder does."""
+
+    def __init__(self, n: int = 30):
+        super().__init__(n)
+        self.classes = ["circle", "square", "triangle"]
+
+    def __getitem__(self, i: int):
+        return torch.rand(1, 28, 28), int(self.labels[i])
+
+
+def _tiny_capsnet(**kw) -> CapsNet:
+    return CapsNet(conv_channels=8, primary_types=2, primary_dim=4, class_dim=4, n_classes=3, decoder=False, **kw)
+
+
+def test_a_datasets_classes_name_the_models_classes(tmp_path, capsys):
+    model = _tiny_capsnet()
+    capsnet.fit(model, Named(12), epochs=1, out=tmp_path / "run", batch_size=6, **QUIET)
+    assert model.config.class_names == ("circle", "square", "triangle")
+    saved = json.loads((tmp_path / "run" / "best" / "config.json").read_text())
+    assert saved["config"]["class_names"] == ["circle", "square", "triangle"]
+    with pytest.raises(capsnet.errors.DatasetError, match="names 3 classes, the CapsNet has 4"):
+        capsnet.fit(CapsNet(conv_channels=8, primary_types=2, primary_dim=4, class_dim=4, n_classes=4, decoder=False),
+                    Named(12), epochs=1, out=tmp_path / "other", batch_size=6, **QUIET)  # fmt: skip
+    assert not (tmp_path / "other").exists()
+
+
+def test_overwrite_starts_a_finished_run_afresh_and_only_when_asked(tmp_path, capsys):
+    run = tmp_path / "run"
+    capsnet.fit(_tiny_capsnet(), Named(12), epochs=1, out=run, batch_size=6, **QUIET)
+    first = (run / "state.pt").read_bytes()
+    with pytest.raises(RunFolderError, match="already holds a run"):
+        capsnet.fit(_tiny_capsnet(), Named(12), epochs=1, out=run, batch_size=6, **QUIET)
+    assert (run / "state.pt").read_bytes() == first  # refused: nothing touched
+    (run / "notes.txt").write_text("mine")  # a run's folder: all of it goes with the run
+    capsnet.fit(_tiny_capsnet(), Named(12), epochs=2, out=run, batch_size=6, overwrite=True, **QUIET)
+    assert [r["epoch"] for r in read_summary(run)] == [1.0, 2.0] and not (run / "notes.txt").exists()
+    with pytest.raises(ConfigError, match="overwrite deletes the run that resume would continue"):
+        capsnet.fit(_tiny_capsnet(), Named(12), epochs=3, out=run, batch_size=6, overwrite=True, resume=True, **QUIET)
+
+
+def test_overwrite_never_deletes_a_folder_that_is_not_a_run(tmp_path):
+    mine = tmp_path / "photos"
+    mine.mkdir()
+    (mine / "cat.jpg").write_bytes(b"not a run")
+    with pytest.raises(RunFolderError, match="is not a capsnet run folder"):
+        capsnet.fit(_tiny_capsnet(), Named(12), epochs=1, out=mine, batch_size=6, overwrite=True, **QUIET)
+    assert (mine / "cat.jpg").read_bytes() == b"not a run"
+
+
+def test_the_note_says_default_only_of_what_the_user_left_unset(tmp_path, capsys):
+    capsnet.fit(_tiny_capsnet(), Named(12), epochs=1, out=tmp_path / "a", **{**QUIET, "progress": True})
+    out = capsys.readouterr().out
+    assert "lr 0.001 (CapsNet's default for its size; set lr= to change)" in out
+    assert "batch size 16 per process (the cpu default; set batch_size= to change)" in out
+    capsnet.fit(_tiny_capsnet(), Named(12), epochs=1, out=tmp_path / "b", lr=3e-4, batch_size=6,
+                **{**QUIET, "progress": True})  # fmt: skip
+    out = capsys.readouterr().out
+    assert "default" not in out
