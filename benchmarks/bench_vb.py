@@ -7,15 +7,18 @@ Their layers call `.cuda()` in forward; here that is the identity.
 
 Run:  python benchmarks/bench_vb.py                          # the smallNORB model's layers, batch 32, 2 threads
       python benchmarks/bench_vb.py --batch 8 --threads 1 --layers caps1
+      python benchmarks/bench_vb.py --memory --layers net        # peak memory instead, each side in a fresh process
 
 Forward + backward of one layer (or the whole network, "net") on random inputs: the minimum of --repeat runs after a
-warm-up, the two implementations alternating; the outputs are checked to agree first.
+warm-up, the two implementations alternating. `--memory`: the growth of the peak resident set (ru_maxrss) over one
+forward + backward, each implementation in a fresh process of its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -107,26 +110,50 @@ def timed(fn, inputs) -> float:
     return time.perf_counter() - start
 
 
+def pair_inputs(theirs, name: str, batch: int):
+    """(ours, theirs, inputs) for a layer name or "net"."""
+    if name == "net":
+        ours, their = net_pair(theirs)
+        return ours, their, [torch.randn(batch, 2, 32, 32)]
+    ours, their, grid, t_in = layer_pair(theirs, name)
+    g = torch.Generator().manual_seed(1)
+    return ours, their, [torch.rand(batch, t_in, grid, grid, generator=g).requires_grad_(),
+                         torch.randn(batch, t_in, 4, 4, grid, grid, generator=g).requires_grad_()]  # fmt: skip
+
+
+def peak_growth(args, name: str, label: str) -> float:
+    """MiB by which one forward + backward of `label`'s side raises the peak resident set, in a fresh process."""
+    argv = ["--one", label, "--layers", name, "--batch", str(args.batch), "--threads", str(args.threads)]
+    done = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--layers", default="caps1,caps2,class,net")
+    parser.add_argument("--memory", action="store_true", help="peak memory instead of time")
+    parser.add_argument("--one", choices=["capsnet", "authors"], help=argparse.SUPPRESS)  # (a --memory child)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     theirs = load_theirs()
-    print(f"CPU, {args.threads} threads, batch {args.batch}, forward + backward, min of {args.repeat} (ms)")
+    if args.one:
+        ours, their, inputs = pair_inputs(theirs, args.layers, args.batch)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        timed(ours if args.one == "capsnet" else their, inputs)
+        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+        return
+    what = "peak memory growth (MiB)" if args.memory else f"forward + backward, min of {args.repeat} (ms)"
+    print(f"CPU, {args.threads} threads, batch {args.batch}, {what}")
     print(f"{'layer':<8}{'capsnet':>10}{'authors':>10}{'ratio':>8}")
     for name in args.layers.split(","):
-        if name == "net":
-            ours, their = net_pair(theirs)
-            inputs = [torch.randn(args.batch, 2, 32, 32)]
-        else:
-            ours, their, grid, t_in = layer_pair(theirs, name)
-            g = torch.Generator().manual_seed(1)
-            inputs = [torch.rand(args.batch, t_in, grid, grid, generator=g).requires_grad_(),
-                      torch.randn(args.batch, t_in, 4, 4, grid, grid, generator=g).requires_grad_()]  # fmt: skip
+        if args.memory:
+            mine, theirs_mib = peak_growth(args, name, "capsnet"), peak_growth(args, name, "authors")
+            print(f"{name:<8}{mine:>10.0f}{theirs_mib:>10.0f}{mine / theirs_mib:>7.2f}x", flush=True)
+            continue
+        ours, their, inputs = pair_inputs(theirs, name, args.batch)
         best = {"capsnet": float("inf"), "authors": float("inf")}
         for _ in range(args.repeat + 1):  # the first round warms up
             for label, fn in (("capsnet", ours), ("authors", their)):

@@ -3,17 +3,19 @@ vectorised over the batch, the parent positions and the children in each parent'
 
 Each parent j is a Gaussian component over the D pose entries of the votes V_ij it receives, with a Dirichlet
 prior on the mixing proportions π and a Gaussian-Wishart prior on its mean and (diagonal) precision Λ_j; mean-field
-VB alternates (§3, Eqs. 6-13; Bishop 2006 §10.2 for the updates):
+VB alternates two updates, as in Bishop 2006 §10.2 (his equation numbers below; the paper's own text was not
+read here, the updates are the authors' released code's):
 
 - update q(π, μ, Λ) (per parent j), with R'_ij = R_ij a_i (the children's activations weigh their votes):
-  R_j = Σ_i R'_ij;  α_j = α0 + R_j;  κ_j = κ0 + R_j;  ν_j = ν0 + R_j;  μ̄_j = Σ_i R'_ij V_ij / R_j;
-  m_j = (R_j μ̄_j + κ0 m0) / κ_j;  Ψ_j⁻¹ = Ψ0⁻¹ + Σ_i R'_ij (V_ij − μ̄_j)² + κ0 R_j / κ_j (μ̄_j − m0)²  (diagonal);
-- update q(z) (per child i):  E[ln π_j] = ψ(α_j) − ψ(Σ_j' α_j');
-  E[ln |Λ_j|] = Σ_{d<D} ψ((ν_j − d)/2) + D ln 2 + ln |Ψ_j|;
-  E[(V − μ_j)ᵀ Λ_j (V − μ_j)] = D/κ_j + ν_j Σ_h (V_ijh − m_jh)² / Ψ⁻¹_jh;
-  ln ρ_ij = E[ln π_j] + ½ E[ln |Λ_j|] − ½ D ln 2π − ½ E[(V − μ)ᵀ Λ (V − μ)];
-  R_ij = ρ_ij / Σ_{j' ∈ parents(i)} ρ_ij'  (over every parent the child reaches, at all positions);
-- the parent's activation (§3.3) from the entropy of q(μ_j, Λ_j):  H_j = ½ D ln(2πe) − ½ E[ln |Λ_j|],
+  R_j = Σ_i R'_ij, μ̄_j = Σ_i R'_ij V_ij / R_j (10.51-52);  α_j = α0 + R_j (10.58);  κ_j = κ0 + R_j (10.60);
+  m_j = (R_j μ̄_j + κ0 m0) / κ_j (10.61);  Ψ_j⁻¹ = Ψ0⁻¹ + Σ_i R'_ij (V_ij − μ̄_j)² + κ0 R_j / κ_j (μ̄_j − m0)²
+  (10.62, diagonal);  ν_j = ν0 + R_j (10.63);
+- update q(z) (per child i):  E[ln π_j] = ψ(α_j) − ψ(Σ_j' α_j') (10.66);
+  E[ln |Λ_j|] = Σ_{d<D} ψ((ν_j − d)/2) + D ln 2 + ln |Ψ_j| (10.65);
+  E[(V − μ_j)ᵀ Λ_j (V − μ_j)] = D/κ_j + ν_j Σ_h (V_ijh − m_jh)² / Ψ⁻¹_jh (10.64);
+  ln ρ_ij = E[ln π_j] + ½ E[ln |Λ_j|] − ½ D ln 2π − ½ E[(V − μ)ᵀ Λ (V − μ)] (10.46);
+  R_ij = ρ_ij / Σ_{j' ∈ parents(i)} ρ_ij' (10.49; over every parent the child reaches, at all positions);
+- the parent's activation from the entropy of q(μ_j, Λ_j):  H_j = ½ D ln(2πe) − ½ E[ln |Λ_j|],
   â_j = β_a − (E[π_j] H_j + β_u), with E[π_j] = exp(E[ln π_j]) as the authors' code; the layers then batch-normalise
   â_j (and m_j) and take a_j = sigmoid(BN(â_j)) (:class:`VBNorm`).
 
