@@ -2,20 +2,25 @@
 (value and gradient), invariants, the layers (VBRoutingFC, VBConvCaps, VBClassCaps, VBNorm) and the VBCapsNet model
 (parameter count, coordinates, config checks, save/load)."""
 
+import json
 import math
 
 import pytest
 import torch
 
-from capsnet import ConfigError
+from capsnet.cli import main
 from capsnet.configs.vb_capsnet import VBCapsNetConfig
-from capsnet.models import load_pretrained
+from capsnet.data import standins
+from capsnet.data.imageaug import resolve_augment
+from capsnet.errors import ConfigError
+from capsnet.models.pretrained import load_pretrained
 from capsnet.models.vb_capsnet import VBCapsNet, class_coordinates
 from capsnet.routing.base import RoutingLayer, RoutingOutput
 from capsnet.routing.matrix_capsules import field_indices
 from capsnet.routing.vb import VBNorm, VBPrior, vb_routing
 from capsnet.routing.vb_conv import VBClassCaps, VBConvCaps, VBPrimaryCaps
 from capsnet.routing.vb_fc import VBRoutingFC
+from capsnet.training.recipes import model_recipes
 
 TINY = {"conv_channels": 8, "primary_types": 4, "caps1_types": 4, "caps2_types": 4}
 
@@ -255,8 +260,25 @@ def test_save_and_load_strict(tmp_path):
 
 
 def test_the_authors_input_recipe_on_smallnorb():
-    assert VBCapsNet.data_recipes == {"smallnorb": {"augment": "crop=32,standardize"}}
+    """Their pipeline: random 32×32 crops of the 48×48 images (centre crops at test), standardised, no jitter."""
+    assert str(resolve_augment("auto", "smallnorb", recipes=model_recipes("vb-capsnet"))) == "crop=32x32,standardize"
     assert VBCapsNet.default_lr == 1e-3
+
+
+@pytest.mark.slow
+def test_cli_trains_the_authors_model_on_smallnorb_files_and_evaluates_it(tmp_path, capsys):
+    folder = standins.write_smallnorb(tmp_path / "n", n_train=16, n_test=8, gz=False)
+    run = tmp_path / "run"
+    argv = ["train", "--model", "vb-capsnet", "--dataset", str(folder), "--epochs", "1", "--batch-size", "8",
+            "--device", "cpu", "--no-progress", "--no-tensorboard", "--out", str(run),
+            *[f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]]  # fmt: skip
+    assert main(argv) == 0
+    model = load_pretrained(run / "last")
+    assert isinstance(model, VBCapsNet) and model.config.in_channels == 2 and model.config.image_size == 32
+    assert model.config.standardize and model.config.source_size == (48, 48) and model.config.n_classes == 5
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(run), "--dataset", str(folder), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 8
 
 
 def test_layers_route_in_float32_under_bf16_autocast():
