@@ -293,3 +293,15 @@ def test_layers_route_in_float32_under_bf16_autocast():
     assert m.dtype == a.dtype == out.capsules.dtype == out.activations.dtype == torch.float32
     torch.testing.assert_close(a, layer(poses.bfloat16().float(), acts.bfloat16().float())[1])
     torch.testing.assert_close(out.activations, fc(u.bfloat16().float(), return_weights=True).activations)
+
+
+@pytest.mark.parametrize("floor", [0.0, 1e-11])
+def test_the_hand_made_backward_equals_autograd_through_the_same_steps(floor):
+    _, child = field_indices(4, 4, 3, 1, 2)
+    votes, acts, beta_u, beta_a = _inputs(2, 4, 3, 18, 16, seed=5, scale=0.3)
+    inputs = (votes, acts, beta_u, beta_a)
+    runs = [vb_routing(*inputs, child_index=child, n_children=32, min_normaliser=floor, fast=fast) for fast in (1, 0)]
+    weights = [torch.randn_like(x) for x in runs[0]]
+    grads = [torch.autograd.grad(sum((x * w).sum() for x, w in zip(run, weights)), inputs) for run in runs]
+    for x, y in zip((*runs[0], *grads[0]), (*runs[1], *grads[1]), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-12)
