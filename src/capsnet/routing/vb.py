@@ -28,7 +28,8 @@ normalisation does; VBCapsNet's layers keep the clamp, CapsNet's VBRoutingFC the
 Speed: as EM routing (capsnet.routing.em) the Gaussian's sufficient statistics (V, V²) are stacked once into
 U = [V − c, (V − c)²]  [B, P, J, I, 2D] (c: each parent's unweighted mean vote, so that Σ R'V² − R μ̄² does not
 cancel); both updates are then contractions of U with small tensors (batched [1, I] @ [I, 2D] and [1, 2D] @ [2D, I]),
-and no [B, P, J, I, D] tensor is made per iteration.
+and no [B, P, J, I, D] tensor is made per iteration. The backward pass is written by hand (:class:`_VBRouting`):
+the small graph is replayed under autograd with the saved contractions and ∂U is formed once.
 
 Shapes: B batch, P parent positions, J parent types, I children in a parent's receptive field (slots), D pose entries.
 """
