@@ -18,26 +18,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from capsnet.data.synthetic import CASES, make_case, write_folder
+from capsnet.data.synthetic import CASES, SUITE_EPOCHS, write_case
 from capsnet.experiments.zoo import cpu_name, git_commit
 from capsnet.models.registry import MODELS
 from capsnet.results import Row, with_accuracies, write_rows
 from capsnet.training.config import TrainConfig
 from capsnet.training.loop import train
 
-# Images per class of each case: training (of which the run holds out a tenth for validation) and test.
-SIZES = {"shapes": (100, 100), "two-shapes": (100, 100), "shapes-20": (30, 30), "color-digits": (60, 50),
-         "textures": (60, 50)}  # fmt: skip
-EPOCHS = 10
-
 
 def case_folder(case: str, work: Path) -> Path:
     """The case's class folders under `work` (written on first use)."""
-    folder = work / case
-    if not (folder / "test").is_dir():
-        n_train, n_test = SIZES[case]
-        write_folder(make_case(case, n_per_class=n_train, n_test_per_class=n_test, seed=0), folder)
-    return folder
+    return write_case(case, work / case)
 
 
 def run(model: str, case: str, seed: int, *, epochs: int, work: Path) -> float:
@@ -63,7 +54,7 @@ def run(model: str, case: str, seed: int, *, epochs: int, work: Path) -> float:
 
 def case_row(model: str, case: str, *, epochs: int, seeds: int) -> Row:
     """The row of one model on one case, before its accuracies."""
-    n_train, n_test = SIZES[case]
+    n_train, n_test = CASES[case].n_train, CASES[case].n_test
     n_classes = len(CASES[case].classes)
     n_val = round(0.1 * n_classes * n_train)  # TrainConfig's val_fraction
     return Row(
@@ -85,7 +76,7 @@ def main() -> int:
     p.add_argument("--models", default=",".join(MODELS), help="comma list (default: every registered model)")
     p.add_argument("--cases", default=",".join(CASES), help=f"comma list of {', '.join(CASES)}")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--epochs", type=int, default=EPOCHS)
+    p.add_argument("--epochs", type=int, default=SUITE_EPOCHS)
     p.add_argument("--results", default="results", help="the results data folder")
     p.add_argument("--work", default=None, help="where the case folders and runs go (default: a temporary folder)")
     args = p.parse_args()

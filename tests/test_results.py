@@ -1,8 +1,12 @@
-"""The results data (capsnet.results): rows round-trip through CSV, merge by key, and refuse a file that is not one."""
+"""The results data (capsnet.results): rows round-trip through CSV, merge by key, and refuse a file that is not one;
+the tables rendered from it are the README's and docs/results.md's."""
 
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +67,12 @@ def test_numbers_are_written_short_and_exact_enough():
     values = dict(zip(COLUMNS, text.splitlines()[1].split(",")))
     assert values["test_acc_mean"] == "98.1235" and values["peak_mem_mb"] == "12345.678"
     assert values["test_acc_std"] == ""  # nan: not measured
+
+
+def test_the_readme_and_docs_tables_agree_with_the_results_data():
+    """tools/render_results.py --check: the README's model table and docs/results.md's tables are the ones rendered
+    from results/*.csv, for every registered model."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "tools" / "render_results.py"), "--check"], cwd=root,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr

@@ -5,10 +5,12 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..errors import CapsNetError, DatasetError
 from ..limits import MAX_IMAGE_PIXELS
+from .mnist_form import mnist_form
 from .split import to_float
 
 
@@ -53,26 +55,13 @@ def image_hw(path: str | Path) -> tuple[int, int]:
 
 
 def load_image(path: str | Path, *, size: int = 28, channels: int = 1) -> torch.Tensor:
-    """Read an image into the model's input [C, size, size] in [0, 1], MNIST-style.
-
-    Light-background images (dark ink on white paper) are inverted to MNIST's white-on-black; the content is
-    scaled to fit a box of 20/28 of the side, keeping its aspect ratio, and centred, as MNIST's digits are.
-    """
-    from PIL import Image, ImageOps
-
-    img = _open_image(path, channels)
-    gray = img if img.mode == "L" else img.convert("L")
-    w, h = gray.size
-    border = [gray.getpixel((x, y)) for x in range(w) for y in (0, h - 1)]
-    border += [gray.getpixel((x, y)) for y in range(h) for x in (0, w - 1)]
-    if sum(border) / len(border) > 127:  # light background: invert to white ink on black
-        img = ImageOps.invert(img)
-    inner = max(1, round(size * 20 / 28))
-    scale = inner / max(w, h)
-    img = img.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.Resampling.LANCZOS)
-    canvas = Image.new(img.mode, (size, size))
-    canvas.paste(img, ((size - img.size[0]) // 2, (size - img.size[1]) // 2))
-    return _to_tensor(canvas, size, size, channels)
+    """Read a picture of a digit into the model's input [C, size, size] in [0, 1], MNIST-style: LeCun et al.'s
+    procedure (:func:`capsnet.data.mnist_form.mnist_form`): the paper and its uneven light removed, the ink kept,
+    cropped to it, fitted in a 20/28 box keeping its aspect and centred by its centre of mass, white on black
+    (three channels: the same grey in each). Its pixels are rounded to 0..255, as an image file's are."""
+    digit = mnist_form(_open_image(path, 1), size=size)  # [size, size] in [0, 1]
+    pixels = torch.from_numpy(np.round(digit * 255).astype(np.uint8))
+    return to_float(pixels).expand(channels, size, size).contiguous()
 
 
 def load_image_resized(path: str | Path, *, size: tuple[int, int], channels: int) -> torch.Tensor:

@@ -106,15 +106,25 @@ class Case:
     classes: tuple[str, ...]
     draw: Callable[[int, np.random.Generator], np.ndarray] | None  # None: color-digits (drawn from MNIST digits)
     size: int
+    n_train: int  # training images per class in the suite (a tenth of them held out for validation)
+    n_test: int  # test images per class in the suite
 
 
+# Each case as the suite trains it (benchmarks/trainability.py, tests/test_trainability.py): a user's small folder.
 CASES: dict[str, Case] = {
-    "shapes": Case(SHAPES[:3], _shapes(SHAPES[:3]), 32),
-    "two-shapes": Case(SHAPES[:2], _shapes(SHAPES[:2]), 32),
-    "shapes-20": Case(tuple(f"{s}-{h}" for s in SHAPES for h in ("red", "green", "blue", "yellow")), _shapes_20, 32),
-    "color-digits": Case(tuple(str(d) for d in range(10)), None, 28),
-    "textures": Case(TEXTURES, _texture, 64),
+    "shapes": Case(SHAPES[:3], _shapes(SHAPES[:3]), 32, n_train=100, n_test=100),
+    "two-shapes": Case(SHAPES[:2], _shapes(SHAPES[:2]), 32, n_train=100, n_test=100),
+    "shapes-20": Case(
+        tuple(f"{s}-{h}" for s in SHAPES for h in ("red", "green", "blue", "yellow")),
+        _shapes_20,
+        32,
+        n_train=30,
+        n_test=30,
+    ),
+    "color-digits": Case(tuple(str(d) for d in range(10)), None, 28, n_train=60, n_test=50),
+    "textures": Case(TEXTURES, _texture, 64, n_train=60, n_test=50),
 }
+SUITE_EPOCHS = 10  # the suite's budget: a user's first `capsnet train` on a small folder
 
 
 def _color_digits(n_per_class: int, rng: np.random.Generator, part: str) -> tuple[np.ndarray, np.ndarray]:
@@ -172,4 +182,15 @@ def write_folder(data: Dataset, root: str | Path) -> Path:
     return root
 
 
-__all__ = ["CASES", "Case", "make_case", "shape_mask", "write_folder"]
+def write_case(name: str, root: str | Path, *, seed: int = 0) -> Path:
+    """The case `name` at the suite's sizes as class folders under `root` (written once: kept when present)."""
+    root = Path(root)
+    if not (root / "test").is_dir():
+        case = CASES.get(name)
+        if case is None:
+            raise DatasetError(f"unknown trainability case {name!r}; known: {', '.join(CASES)}")
+        write_folder(make_case(name, n_per_class=case.n_train, n_test_per_class=case.n_test, seed=seed), root)
+    return root
+
+
+__all__ = ["CASES", "SUITE_EPOCHS", "Case", "make_case", "shape_mask", "write_case", "write_folder"]

@@ -214,7 +214,10 @@ def input_note(model: nn.Module) -> str:
     if recipe.channel_standardize:
         values = "(p - mean_c) / std_c with the training split's per-channel mean and std (config channel_mean/std)"
     crop = f", centre-cropped to {'x'.join(map(str, recipe.size))}" if recipe.size and recipe.size != (h, w) else ""
-    return f"images: uint8 pixels p in 0..255 [B, {recipe.channels}, {h}, {w}]; inside the graph{crop}, {values}"
+    note = f"images: uint8 pixels p in 0..255 [B, {recipe.channels}, {h}, {w}]; inside the graph{crop}, {values}"
+    if recipe.digits:  # the conversion capsnet predict applies to image files, outside the graph
+        note += "; a photo of a digit goes in MNIST's form first (LeCun et al.'s procedure: docs/inputs.md)"
+    return note
 
 
 def _run_file(path: Path, suffix: str, images: torch.Tensor) -> list[torch.Tensor]:

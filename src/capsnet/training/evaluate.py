@@ -15,6 +15,7 @@ from ..data.folder import class_names as folder_classes
 from ..data.imageaug import center_crop
 from ..data.images import image_hw as image_file_hw
 from ..data.images import load_image, load_image_resized
+from ..data.mnist_form import IN_WORDS
 from ..data.scaling import channel_stats
 from ..data.sources import detect as detect_format
 from ..data.split import Dataset, Split
@@ -300,9 +301,10 @@ def prepare_image(path: str | Path, cfg: Any) -> tuple[torch.Tensor, str]:
     """One image file as raw input [C, H, W] in [0, 1] for the model's recipe, and the conversion applied in words.
 
     A model trained on digit-style images (`digits`) gets MNIST's form: an image of its input size with a dark
-    background is taken as it is; any other is inverted when its background is light and fitted into a 20/28
-    box. Any other model gets the image converted (L or RGB) and resized as the image-folder reader converts
-    training images, to its size before cropping (the recipe then centre-crops it)."""
+    background is taken as it is; any other (a photo of ink on paper, say) goes through LeCun et al.'s MNIST
+    procedure (:func:`capsnet.data.mnist_form.mnist_form`). Any other model gets the image converted (L or RGB) and
+    resized as the image-folder reader converts training images, to its size before cropping (the recipe then
+    centre-crops it)."""
     recipe = cfg if isinstance(cfg, InputRecipe) else InputRecipe.from_config(cfg)  # (a model config, or a recipe)
     assert recipe.size is not None and recipe.channels is not None
     (h, w), native = recipe.size, image_file_hw(path)
@@ -314,18 +316,11 @@ def prepare_image(path: str | Path, cfg: Any) -> tuple[torch.Tensor, str]:
             border = torch.cat([x[:, 0], x[:, -1], x[:, :, 0], x[:, :, -1]], dim=-1)
             if border.mean() <= 0.5:
                 return x, f"digit-style, taken as it is ({h}x{w}, dark background)"
-        inverted = "light background inverted, " if _light(path) else ""
-        return load_image(path, size=h, channels=recipe.channels), f"digit-style: {inverted}fitted in a 20/28 box"
+        return load_image(path, size=h, channels=recipe.channels), f"digit-style: {IN_WORDS}"
     size = recipe.raw_size or (h, w)
     x = load_image_resized(path, size=size, channels=recipe.channels)
     what = "as it is" if native == size else f"resized from {native[0]}x{native[1]} to {size[0]}x{size[1]}"
     return x, what + (f", centre-cropped to {h}x{w}" if size != (h, w) else "")
-
-
-def _light(path: str | Path) -> bool:
-    """Whether the image's border is light on average (it is then inverted to white ink on black)."""
-    x = load_image_resized(path, size=image_file_hw(path), channels=1)
-    return bool(torch.cat([x[:, 0], x[:, -1], x[:, :, 0], x[:, :, -1]], dim=-1).mean() > 127 / 255)
 
 
 def class_name(cfg, k: int) -> str:
