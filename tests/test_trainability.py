@@ -27,6 +27,7 @@ FLOOR = {
     "hvc-capsnet": 0.0,
     "inverted-attention-capsnet": 0.0,
     "self-routing-capsnet": 0.0,
+    "vb-capsnet": 0.0,
 }
 
 
