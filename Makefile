@@ -15,7 +15,8 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-# Everything: lint, types, every test (the slow ones too: extension build, notebook, torchrun, CLI subprocesses).
+# Everything: lint, types, every test (the slow and tooling ones too: kernel build, notebook, browser, wheel,
+# benchmark scripts, torchrun, CLI subprocesses).
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -29,12 +30,12 @@ docs: $(STAMP)
 	sed 's#](docs/#](#g' README.md > docs/index.md
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
-# The fast loop (under a minute on 2 cores): lint, types, the tests not marked slow.
+# The fast loop: lint, types, the tests marked neither slow nor tooling (no C++ build: the PyTorch routing path).
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not tooling"
 
 demo: $(STAMP)
 	$(PY) -m capsnet demo

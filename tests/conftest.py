@@ -10,6 +10,10 @@ if not torch.cuda.is_available():
     # Triton kernels run on the CPU under Triton's interpreter (tests/test_routing_triton.py). Triton reads this when
     # it is imported (by torch._dynamo, on capsnet's import), so it is set here, before any test module imports.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# The suite routes on the PyTorch path whatever the kernel cache holds; the kernel tests unset this and build the
+# kernels explicitly (the `routing_kernel` fixture; tests/test_routing_cpu.py, tests/test_inverted_attention_cpu.py).
+# Subprocesses inherit it. CAPSNET_NO_EXT=0 in the environment runs the whole suite with the kernels it finds built.
+os.environ.setdefault("CAPSNET_NO_EXT", "1")
 
 # Tests never touch the network: a connection (or a name lookup) for any host but this machine's loopback raises
 # NetworkBlocked, and the test fails even if the code under test swallows the error. Loopback stays allowed:
@@ -77,3 +81,38 @@ def network_guard(monkeypatch):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def routing_kernel(monkeypatch):
+    """The fused CPU dynamic-routing kernel, built explicitly (or loaded from the cache), with CAPSNET_NO_EXT unset
+    for the test: the kernel tests' way in (a build failure fails the test)."""
+    from capsnet.routing import dynamic_cpu
+
+    monkeypatch.delenv("CAPSNET_NO_EXT", raising=False)
+    return dynamic_cpu.build()
+
+
+@pytest.fixture
+def one_rank_ddp(monkeypatch):
+    """A one-process gloo group that capsnet's training takes for a torchrun launch: the model is wrapped in
+    DistributedDataParallel (which refuses, on the second step, a parameter without a gradient) and every
+    collective runs, on one rank. The in-process check of what needs no second process; yields, for each DDP
+    wrapper made, the wrapped module and a copy of its state at that moment (so a test sees that the path ran)."""
+    import torch.distributed as dist
+
+    from capsnet.training import distributed
+
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    monkeypatch.setattr(distributed.DistInfo, "enabled", property(lambda self: dist.is_initialized()))
+    wrapped: list[tuple[torch.nn.Module, dict[str, torch.Tensor]]] = []
+    real = torch.nn.parallel.DistributedDataParallel
+
+    def wrap(module, *args, **kwargs):
+        wrapped.append((module, {k: v.detach().clone() for k, v in module.state_dict().items()}))
+        return real(module, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", wrap)
+    yield wrapped
+    if dist.is_initialized():  # (training's teardown destroys it at the end of a run)
+        dist.destroy_process_group()

@@ -53,6 +53,8 @@ SMALL_OPTIONS: dict[str, dict] = {
                              "capsule_types": (4,), "capsule_strides": (2,)},
     "deepcaps": {"conv_channels": 8, "cell_types": (4, 4, 4, 4), "cell_dims": (2, 4, 4, 4), "class_dim": 8,
                  "decoder_channels": (8, 4, 4)},
+    "heinsen-capsnet": {"conv_channels": 8, "n_parts": 4, "in_channels": 1, "image_size": 28, "n_classes": 10},
+    "cluster-capsnet": {"capsule_channels": 2, "votes": 3, "capsule_dim": 4},
 }  # fmt: skip
 
 

@@ -11,6 +11,8 @@ from helpers import small_config
 from capsnet import CapsNet
 from capsnet.data import load_dataset
 
+pytestmark = pytest.mark.tooling  # the project's tooling: make test runs it, make check does not
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "routing_activity.py"
 
 

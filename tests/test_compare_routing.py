@@ -36,6 +36,7 @@ def _load(name: str):
 
 
 @pytest.mark.slow
+@pytest.mark.tooling
 def test_routing_benchmark_runs_and_results_agree():
     r = subprocess.run([sys.executable, str(BENCH / "bench_routing_algos.py"), "--batch-size", "2", "--repeats", "1",
                         "--threads", "1"], capture_output=True, text=True, timeout=600)  # fmt: skip
@@ -45,6 +46,7 @@ def test_routing_benchmark_runs_and_results_agree():
                                                                "self-routing"}  # fmt: skip
 
 
+@pytest.mark.tooling
 @pytest.mark.parametrize("device,message", [("foo", "expected cpu, cuda or cuda:K"), ("cuda", "no CUDA GPU here")])
 def test_routing_benchmark_bad_device_is_one_line_and_exit_2(device, message):
     if device == "cuda" and torch.cuda.is_available():

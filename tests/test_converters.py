@@ -360,7 +360,8 @@ def test_inverted_attention_options_the_weights_do_not_record(tmp_path):
 
 # ------------------------------------------------------------------ the registry and bad files
 def test_every_converter_is_registered_with_a_description():
-    assert set(CONVERTERS) == {"efficient-capsnet", "xifengguo-capsnet", "gram-ai-capsnet", "inverted-attention"}
+    assert set(CONVERTERS) == {"efficient-capsnet", "xifengguo-capsnet", "gram-ai-capsnet", "inverted-attention",
+                               "heinsen-capsnet"}  # fmt: skip
     for conv in CONVERTERS.values():
         assert conv.description and "\n" not in conv.description and callable(conv.load)
 
@@ -377,7 +378,12 @@ BAD_FILES = {
 }
 
 
-TORCH_FORMATS = ("gram-ai-capsnet", "inverted-attention", "xifengguo-capsnet")  # (efficient-capsnet: Keras .h5 files)
+TORCH_FORMATS = (
+    "gram-ai-capsnet",
+    "inverted-attention",
+    "xifengguo-capsnet",
+    "heinsen-capsnet",
+)  # (efficient-capsnet: Keras .h5 files)
 
 
 @pytest.mark.parametrize("fmt", TORCH_FORMATS)
@@ -392,7 +398,20 @@ def test_a_file_that_is_not_a_state_dict_is_one_checkpoint_error(tmp_path, fmt, 
         CONVERTERS[fmt].load(tmp_path / "absent.pt")
 
 
-STATES = {"xifengguo-capsnet": xifengguo_state, "gram-ai-capsnet": gram_state, "inverted-attention": apple_state}
+def heinsen_state() -> dict[str, torch.Tensor]:
+    """A state dict in glassroom/heinsen_routing's SmallNORBClassifier layout (routings' W, B, CONST_one)."""
+    from capsnet.models.heinsen_capsnet import HeinsenCapsNet
+
+    state = {}
+    for key, value in HeinsenCapsNet(conv_channels=8, n_parts=4).state_dict().items():
+        if key.startswith("routings."):
+            key = key.replace(".weight", ".W").replace(".bias", ".B")
+        state[key] = value
+    return state | {"routings.0.CONST_one": torch.tensor(1.0), "routings.1.CONST_one": torch.tensor(1.0)}
+
+
+STATES = {"xifengguo-capsnet": xifengguo_state, "gram-ai-capsnet": gram_state, "inverted-attention": apple_state,
+          "heinsen-capsnet": heinsen_state}  # fmt: skip
 EDITS = {  # (format, key, what to do, the message)
     "xifengguo missing": ("xifengguo-capsnet", "conv1.bias", "drop", "missing tensor 'conv1.bias'"),
     "xifengguo shape": ("xifengguo-capsnet", "primarycaps.conv2d.bias", "shrink", "'primarycaps.conv2d.bias' has"),
@@ -405,6 +424,9 @@ EDITS = {  # (format, key, what to do, the message)
     "apple shape": ("inverted-attention", "capsule_layers.1.nonlinear_act.bias", "shrink", "nonlinear_act.bias' has"),
     "apple extra": ("inverted-attention", "pre_caps.pre_caps.2.weight", "add", "unexpected tensor"),
     "apple fc": ("inverted-attention", "capsule_layers.2.w", "fewer", "'capsule_layers.2.w' has"),
+    "heinsen missing": ("heinsen-capsnet", "routings.1.beta_ign", "drop", "missing tensor 'routings.1.beta_ign'"),
+    "heinsen shape": ("heinsen-capsnet", "compute_mu.1.bias", "shrink", "'compute_mu.1.bias' has shape"),
+    "heinsen extra": ("heinsen-capsnet", "routings.2.W", "add", "unexpected tensor 'routings.2.W'"),
 }
 
 

@@ -44,13 +44,19 @@ PATHS = {
 }
 
 
+# The C++ kernel's cases build it (explicitly): the slow tier, as tests/test_routing_cpu.py.
+KERNEL_PATH = pytest.param("cpu-kernel", marks=pytest.mark.slow)
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("path", ["plain", "fast", KERNEL_PATH])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("detach_votes", [False, True])
-def test_every_routing_path_matches_the_cpu_float64_reference(device, path, dtype, detach_votes):
+def test_every_routing_path_matches_the_cpu_float64_reference(device, path, dtype, detach_votes, request):
     if path == "cpu-kernel" and device != "cpu":
         pytest.skip("the fused kernel is CPU-only")
+    if path == "cpu-kernel":
+        request.getfixturevalue("routing_kernel")
     u, w, gv, gc = _inputs()
     expected = _reference(u, w, gv, gc, detach_votes=detach_votes)
     got = _grads(PATHS[path](3, detach_votes), u.to(device, dtype), w.to(device, dtype), gv.to(device), gc.to(device))
@@ -61,12 +67,14 @@ def test_every_routing_path_matches_the_cpu_float64_reference(device, path, dtyp
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("path", ["fast", "cpu-kernel"])
-def test_weight_gradient_has_the_parameters_layout(device, path):
+@pytest.mark.parametrize("path", ["fast", KERNEL_PATH])
+def test_weight_gradient_has_the_parameters_layout(device, path, request):
     """DDP buckets expect each .grad in its parameter's strides (else: "grad strides do not match bucket view
     strides" and an extra copy every step)."""
     if path == "cpu-kernel" and device != "cpu":
         pytest.skip("the fused kernel is CPU-only")
+    if path == "cpu-kernel":
+        request.getfixturevalue("routing_kernel")
     u, w, gv, _ = (t.float().to(device) for t in _inputs())
     w.requires_grad_()
     v, _ = PATHS[path](3, False)(u, w)
@@ -79,10 +87,10 @@ def test_weight_gradient_has_the_parameters_layout(device, path):
     ("fast_routing", lambda u, w: (u, w, 3, False, 2)),
     ("routing_cpu", lambda u, w: (u, w, 3, False)),
 ])  # fmt: skip
-def test_custom_ops_pass_opcheck(op, args):
+def test_custom_ops_pass_opcheck(op, args, request):
     """Schema, fake (meta) implementation, autograd registration and AOT dispatch of the routing operators."""
-    if op == "routing_cpu" and not routing_cpu.available():
-        pytest.fail("the fused CPU kernel does not build here")
+    if op == "routing_cpu":
+        request.getfixturevalue("routing_kernel")
     u, w, _, _ = _inputs(batch=3, n_in=6, n_out=3, d_in=4, d_out=5)
     u.requires_grad_()
     w.requires_grad_()
@@ -91,8 +99,10 @@ def test_custom_ops_pass_opcheck(op, args):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("no_ext", ["0", "1"], ids=["cpu-kernel", "fast"])
-def test_compiled_forward_is_one_graph(no_ext, monkeypatch):
+def test_compiled_forward_is_one_graph(no_ext, monkeypatch, request):
     """torch.compile sees routing as one node: the model's forward and loss trace into a single graph."""
+    if no_ext == "0":
+        request.getfixturevalue("routing_kernel")  # built explicitly: "auto" never compiles it
     monkeypatch.setenv("CAPSNET_NO_EXT", no_ext)
     torch._dynamo.reset()
     model = CapsNet(config=small_config())

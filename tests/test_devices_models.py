@@ -24,8 +24,10 @@ MODEL_KWARGS = {
     "hvc-capsnet": {"channels": (4, 4, 6, 6, 6, 8, 8, 8, 8)},
     "deepcaps": {"conv_channels": 8, "cell_types": (4, 4, 4, 4), "cell_dims": (2, 4, 4, 4), "class_dim": 8,
                  "decoder_channels": (8, 4, 4)},
+    "heinsen-capsnet": {"conv_channels": 8, "n_parts": 4, "n_classes": 10},
 }  # fmt: skip
-ENTRIES = [f"capsnet-{r}" for r in ("dynamic", "self-attention", "inverted-attention", "self-routing")]
+ENTRIES = [f"capsnet-{r}" for r in ("dynamic", "self-attention", "inverted-attention", "self-routing", "heinsen",
+                                    "heinsen-vector")]  # fmt: skip
 ENTRIES += list(MODEL_KWARGS)
 
 

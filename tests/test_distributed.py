@@ -10,6 +10,7 @@ from helpers import SMALL_FLAGS, small_config
 from safetensors.torch import load_file
 
 from capsnet import CapsNet, load_pretrained
+from capsnet.cli import main
 from capsnet.data import Split, load_dataset
 from capsnet.training.checkpoint import load_state, read_summary
 from capsnet.training.evaluate import evaluate
@@ -28,50 +29,101 @@ def _env() -> dict[str, str]:
     }  # a crash prints every thread's Python stack
 
 
+# One launch of two gloo processes: each evaluates a saved model on its share (the reduced figures on every rank),
+# then trains with --recon-weight 0 (the decoder gets no gradient and is skipped, which DDP needs), recording the
+# targets of its batches and its model.
+DDP_SCRIPT = """
+import sys, torch
+from capsnet import load_pretrained
+from capsnet.cli import build_parser
+from capsnet.cli.train import configs_from_args
+from capsnet.data import Split, load_dataset
+from capsnet.training import distributed
+from capsnet.training.evaluate import evaluate
+from capsnet.training.loop import train
+from capsnet.training.tasks import ClassificationTask
+
+class Recording(ClassificationTask):
+    def batches(self, **kw):
+        for batch in super().batches(**kw):
+            self.seen = getattr(self, "seen", []) + [batch.targets.clone()]
+            yield batch
+
+    def evaluate(self, model, **kw):
+        self.model = model
+        return super().evaluate(model, **kw)
+
+out, saved, n_test, flags = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+info = distributed.setup(torch.device("cpu"))
+test = load_dataset("mnist-sample").test
+scored = evaluate(load_pretrained(saved), Split(test.images[:n_test], test.labels[:n_test]), batch_size=16, dist=info)
+config, model_config = configs_from_args(build_parser().parse_args(["train", "--out", out, *flags]))
+task = Recording.from_config(config)
+result = train(config, model_config, task=task)
+torch.save({"weights": task.model.state_dict(), "seen": torch.cat(task.seen), "world": info.world_size,
+            "evaluated": [scored["n"], scored["accuracy"]], "is_main": result.is_main}, f"{out}/rank{info.rank}.pt")
+"""
+
+
 @pytest.mark.slow
-def test_torchrun_two_cpu_processes(tmp_path):
+def test_torchrun_synchronises_gradients_and_counts_every_test_image_once(tmp_path):
+    """Two gloo processes, each on its own share of the data: after training both hold the same weights, bit for
+    bit; only rank 0 prints and writes; the test figures are reduced over both ranks (101 test images: rank 0
+    scores 51, rank 1 50), in training's report and in `evaluate(dist=...)` on every rank."""
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    CapsNet(config=small_config()).save_pretrained(tmp_path / "saved")
     out = tmp_path / "run"
-    env = _env()
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         "--nproc_per_node=2",
-        "-m",
-        "capsnet",
-        "train",
-        "--out",
+        str(script),
         str(out),
+        str(tmp_path / "saved"),
+        str(N_TEST),
         "--epochs",
         "2",
         "--train-subset",
-        "128",
+        "96",
         "--test-subset",
         str(N_TEST),
         "--batch-size",
         "16",
         "--device",
         "cpu",
+        "--recon-weight",
+        "0",
         "--no-progress",
         "--no-tensorboard",
         *SMALL_FLAGS,
     ]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
     assert r.returncode == 0, f"stdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-6000:]}"
+    # gradients synchronised: different images, the same weights
+    a, b = (torch.load(out / f"rank{k}.pt", weights_only=True) for k in (0, 1))
+    assert a["world"] == b["world"] == 2
+    assert not torch.equal(a["seen"], b["seen"])  # the ranks trained on different images
+    assert a["weights"].keys() == b["weights"].keys()
+    for key in a["weights"]:
+        assert torch.equal(a["weights"][key], b["weights"][key]), key
+    assert small_config().recon_weight != 0  # (the flag, not the default, turned the reconstruction off)
     # only rank 0 prints and writes: one summary line per epoch, one closing line
     assert r.stdout.count("epoch 1/2") == 1 and r.stdout.count("epoch 2/2") == 1
-    assert r.stdout.count("done: best/ is epoch") == 1 and r.stdout.count("test accuracy: best/") == 1
-    rows = read_summary(out)
-    assert [row["epoch"] for row in rows] == [1, 2]
-    # Metrics were reduced over both ranks. With 101 test images rank 0 scores 51 of them and rank 1 50, so a
-    # figure from one rank alone (k/51 or k/50) is never k/101 unless it is 0 or 1, and its loss differs too.
+    assert a["is_main"] and not b["is_main"]  # (`capsnet train` prints its closing line where is_main)
+    assert [row["epoch"] for row in read_summary(out)] == [1, 2]
+    # evaluation counted once: a figure from one rank alone (k/51 or k/50) is never k/101 unless it is 0 or 1
+    test = load_dataset("mnist-sample").test
+    whole = Split(test.images[:N_TEST], test.labels[:N_TEST])
+    before = evaluate(CapsNet.from_pretrained(tmp_path / "saved"), whole)
+    for d in (a, b):  # evaluate(dist=...): the reduced count and accuracy, on every rank
+        assert d["evaluated"][0] == N_TEST and d["evaluated"][1] == pytest.approx(before["accuracy"], abs=1e-9)
     tested = json.loads((out / "test.json").read_text())["last"]
     acc = tested["accuracy"]
     assert 0 < acc < 1 and abs(acc * N_TEST - round(acc * N_TEST)) < 1e-9 and tested["n"] == N_TEST
     model = load_pretrained(out / "last")
-    test = load_dataset("mnist-sample").test
-    whole = Split(test.images[:N_TEST], test.labels[:N_TEST])
     single = evaluate(model, whole)  # one process, all 101 images
     assert single["n"] == N_TEST
     assert acc == pytest.approx(single["accuracy"], abs=1e-5)
@@ -83,93 +135,44 @@ def test_torchrun_two_cpu_processes(tmp_path):
         assert share["loss"] != pytest.approx(single["loss"], rel=1e-4)
 
 
-EVAL_SCRIPT = """
-import json, sys, torch
-from capsnet import load_pretrained
-from capsnet.data import Split, load_dataset
-from capsnet.training import distributed
-from capsnet.training.evaluate import evaluate
-
-info = distributed.setup(torch.device("cpu"))
-test = load_dataset("mnist-sample").test
-n = int(sys.argv[2])
-r = evaluate(load_pretrained(sys.argv[1]), Split(test.images[:n], test.labels[:n]), batch_size=16, dist=info)
-result = {"rank": info.rank, "world": info.world_size, "n": r["n"], "accuracy": r["accuracy"]}
-# One file per rank: the ranks share stdout, where their lines can interleave.
-with open(f"{sys.argv[3]}/rank{info.rank}.json", "w") as f:
-    json.dump(result, f)
-distributed.teardown(info)
-"""
-
-
 @pytest.mark.slow
-def test_evaluate_under_torchrun_counts_every_image_once(tmp_path):
-    model = CapsNet(config=small_config())
-    model.save_pretrained(tmp_path / "model")
-    script = tmp_path / "eval.py"
-    script.write_text(EVAL_SCRIPT)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(script),
-        str(tmp_path / "model"),
-        str(N_TEST),
-        str(tmp_path),
+def test_em_capsnet_centres_beta_a_before_ddp_wraps_it(tmp_path, one_rank_ddp):
+    """EMCapsNet centres beta_a on data before its first step: under torchrun every rank must do it alike and
+    before DDP wraps the model (which never broadcasts the parameters again), else the ranks train apart. The batch
+    it centres on is the same on every rank (`Task.init_batch` takes no rank); here, on a one-rank group, the
+    model DDP wraps is already centred."""
+    argv = [
+        "train",
+        "--out",
+        str(tmp_path / "run"),
+        "--model",
+        "em-capsnet",
+        "--conv-channels",
+        "8",
+        "--primary-types",
+        "4",
+        "--caps1-types",
+        "4",
+        "--caps2-types",
+        "4",
+        "--epochs",
+        "1",
+        "--train-subset",
+        "32",
+        "--test-subset",
+        "16",
+        "--batch-size",
+        "8",
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--no-tensorboard",
     ]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
-    assert r.returncode == 0, f"stdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-6000:]}"
-    results = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(2)]
-    assert [(d["rank"], d["world"]) for d in results] == [(0, 2), (1, 2)]
-    test = load_dataset("mnist-sample").test
-    single = evaluate(CapsNet.from_pretrained(tmp_path / "model"), Split(test.images[:N_TEST], test.labels[:N_TEST]))
-    for d in results:  # the reduced count is the total, on every rank, and so is the accuracy
-        assert d["n"] == N_TEST
-        assert d["accuracy"] == pytest.approx(single["accuracy"], abs=1e-9)
-
-
-EM_SCRIPT = """
-import sys, torch
-from capsnet.cli import build_parser
-from capsnet.cli.train import configs_from_args
-from capsnet.training.loop import train
-from capsnet.training.tasks import ClassificationTask
-
-class Keeping(ClassificationTask):
-    def evaluate(self, model, **kw):
-        self.model = model
-        return super().evaluate(model, **kw)
-
-out, flags = sys.argv[1], sys.argv[2:]
-config, model_config = configs_from_args(build_parser().parse_args(["train", "--out", out, *flags]))
-task = Keeping.from_config(config)
-train(config, model_config, task=task)
-rank = int(__import__("os").environ["RANK"])
-torch.save({k: v.clone() for k, v in task.model.state_dict().items()}, f"{out}/rank{rank}.pt")
-"""
-
-
-@pytest.mark.slow
-def test_torchrun_em_capsnet_ranks_hold_the_same_weights(tmp_path):
-    """EMCapsNet centres beta_a on data before its first step: under torchrun both ranks must do it alike (before DDP
-    wraps the model, which never broadcasts the parameters again), else they train apart for the whole run."""
-    script = tmp_path / "em.py"
-    script.write_text(EM_SCRIPT)
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(out),
-           "--model", "em-capsnet", "--conv-channels", "8", "--primary-types", "4", "--caps1-types", "4",
-           "--caps2-types", "4", "--epochs", "1", "--train-subset", "64", "--test-subset", "16", "--batch-size", "8",
-           "--device", "cpu", "--no-progress", "--no-tensorboard"]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
-    assert r.returncode == 0, f"stdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-6000:]}"
-    a, b = (torch.load(out / f"rank{k}.pt", weights_only=True) for k in (0, 1))
-    assert a.keys() == b.keys() and any(k.endswith("beta_a_ready") for k in a)
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
-    assert bool(a["caps1.beta_a_ready"]) and a["caps1.beta_a"].abs().sum() > 0  # centred, then trained
-    assert int(a["train_steps"]) == 4  # 64 images, 2 ranks, batch 8: 4 steps each
+    assert main(argv) == 0
+    ((_, at_wrap),) = one_rank_ddp
+    assert bool(at_wrap["caps1.beta_a_ready"]) and at_wrap["caps1.beta_a"].abs().sum() > 0
+    trained = load_pretrained(tmp_path / "run" / "last").state_dict()
+    assert not torch.equal(trained["caps1.beta_a"], at_wrap["caps1.beta_a"])  # centred, then trained
 
 
 RESUME_SCRIPT = """

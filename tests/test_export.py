@@ -1,7 +1,8 @@
-"""Export (capsnet.models.export, `capsnet export`): every registered model to ONNX, run by onnxruntime, and to
-torch.export, against the PyTorch model within 1e-4 at batch sizes other than the one traced (a dynamic batch axis).
-Tiny configurations (test_api.TINY) keep it to seconds per model; a model registered later is covered with its
-defaults."""
+"""Export (capsnet.models.export, `capsnet export`): every registered model traced once and written to ONNX, run
+by onnxruntime, and to torch.export, against the PyTorch model within 1e-4 at batch sizes other than the one traced
+(a dynamic batch axis); export_model itself (its check, report and atomic write) on CapsNet's routing options, the
+opsets and the command line. Tiny configurations (test_api.TINY) keep it to seconds per model; a model registered
+later is covered with its defaults."""
 
 import json
 
@@ -32,25 +33,39 @@ def _raw(shape, seed):
     return torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
 
 
+@pytest.fixture(scope="module")
+def traced():
+    """Each registered model's tiny configuration and its torch.export program (`export_model`'s first step and the
+    slow part of an export), traced once and shared by the ONNX and .pt2 tests of the model."""
+    cache: dict[str, tuple] = {}
+
+    def get(name: str) -> tuple:
+        if name not in cache:
+            model = tiny(name).eval()
+            cache[name] = (model, ex.export_program(model))
+        return cache[name]
+
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(MODELS))
-def test_onnx_runs_in_onnxruntime_like_the_model(name, tmp_path):
+def test_onnx_runs_in_onnxruntime_like_the_model(name, tmp_path, traced):
     onnxruntime = pytest.importorskip("onnxruntime")
     onnx = pytest.importorskip("onnx")
-    model = tiny(name).eval()
-    info = export_model(model, tmp_path / "m.onnx")
-    assert info["format"] == "ONNX" and info["opset"] == ex.OPSET and info["max_abs_diff"] <= 1e-4
+    model, program = traced(name)
+    names = list(ex.OUTPUT_NAMES[: len(program.graph_signature.user_outputs)])
+    assert names == ["lengths", "capsules"][: len(_reference(model, _raw((1, 1, 28, 28), 0)))]  # (baseline: lengths)
+    ex._write_onnx(model, program, tmp_path / "m.onnx", opset=ex.OPSET, names=names)  # export_model's ONNX step
     proto = onnx.load(str(tmp_path / "m.onnx"))
-    names = ["lengths", "capsules"][: len(_reference(model, _raw((1, 1, 28, 28), 0)))]  # (the baseline: no capsules)
-    assert [o.name for o in proto.graph.output] == list(info["outputs"]) == names
+    assert [o.name for o in proto.graph.output] == names
     assert proto.graph.input[0].name == "images"
     for value in [*proto.graph.input, *proto.graph.output]:  # the dynamic axis is named as the report names it
         assert value.type.tensor_type.shape.dim[0].dim_param == "batch", value.name
-    assert all(shape[0] == "batch" for shape in info["outputs"].values())
     assert {i.domain or "ai.onnx": i.version for i in proto.opset_import}["ai.onnx"] == ex.OPSET
     meta = {p.key: p.value for p in proto.metadata_props}
     assert meta["capsnet.model_type"] == model.model_type and json.loads(meta["capsnet.config"])["n_classes"] == 10
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # one file: no external data, no temporary
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # one file: no external data
     session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     for batch in (1, 5):  # the trace used 2 images
         images = _raw((batch, 1, 28, 28), batch)
@@ -75,28 +90,25 @@ def test_onnx_runs_in_onnxruntime_like_the_model(name, tmp_path):
     ids=["self-attention", "inverted-attention", "self-routing", "leaky-bias", "same-padding-28x24"],
 )
 def test_every_capsnet_routing_option_exports_to_onnx(options, tmp_path):
-    onnxruntime = pytest.importorskip("onnxruntime")
+    """export_model's check runs the file in onnxruntime on 3 images (the trace used 2) against the model."""
+    pytest.importorskip("onnxruntime")
     model = CapsNet(config=small_config(**options)).eval()
-    export_model(model, tmp_path / "m.onnx")
-    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
-    h, w = (28, 24) if "image_size" in options else (28, 28)
-    images = _raw((3, 1, h, w), 3)
-    for g, want in zip(session.run(None, {"images": images.numpy()}), _reference(model, images), strict=True):
-        assert abs(torch.from_numpy(g) - want).max().item() <= 1e-4
+    info = export_model(model, tmp_path / "m.onnx")
+    assert info["max_abs_diff"] <= 1e-4 and info["outputs"]["lengths"] == ["batch", 10]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(MODELS))
-def test_torch_export_program_loads_and_matches_the_model(name, tmp_path):
-    model = tiny(name).eval()
-    info = export_model(model, tmp_path / "m.pt2")
-    assert info["format"] == "torch.export" and "opset" not in info
-    program = torch.export.load(tmp_path / "m.pt2")
-    images = _raw((4, 1, 28, 28), 4)
-    with torch.no_grad():
-        got = program.module()(images)
-    for g, w in zip(got, _reference(model, images), strict=True):
-        assert abs(g - w).max().item() <= 1e-4
+def test_torch_export_program_loads_and_matches_the_model(name, tmp_path, traced):
+    model, program = traced(name)
+    torch.export.save(program, tmp_path / "m.pt2")  # export_model's .pt2 step
+    loaded = torch.export.load(tmp_path / "m.pt2").module()
+    for batch in (1, 4):  # the trace used 2 images
+        images = _raw((batch, 1, 28, 28), batch)
+        with torch.no_grad():
+            got = loaded(images)
+        for g, w in zip(got, _reference(model, images), strict=True):
+            assert g.shape == w.shape and abs(g - w).max().item() <= 1e-4
 
 
 def test_export_runs_the_pure_pytorch_routing_and_restores_the_model(tmp_path):
@@ -191,7 +203,9 @@ def test_opsets_older_than_the_default_are_written_and_impossible_ones_refused(t
     model = tiny("baseline")
     for opset in (ex.MIN_OPSET, 17):
         info = export_model(model, tmp_path / f"m{opset}.onnx", opset=opset)
-        assert info["opset"] == opset and info["max_abs_diff"] <= ex.ATOL
+        assert info["format"] == "ONNX" and info["opset"] == opset and info["max_abs_diff"] <= ex.ATOL
+        assert info["outputs"] == {"lengths": ["batch", 10]} and info["path"] == str(tmp_path / f"m{opset}.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({f"m{ex.MIN_OPSET}.onnx", "m17.onnx"})  # no temporary
     for opset in (0, ex.MIN_OPSET - 1, 10_000):
         with pytest.raises(ConfigError, match=rf"opset {opset}: the installed onnx writes opsets {ex.MIN_OPSET} to"):
             export_model(model, tmp_path / "bad.onnx", opset=opset)

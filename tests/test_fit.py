@@ -363,15 +363,10 @@ sys.path.insert(0, sys.argv[2])
 import capsnet
 from test_fit import Stripes, Tiny
 
-out, kind = sys.argv[1], sys.argv[3]
+out = sys.argv[1]
 torch.manual_seed(0)
 model = Tiny()
-if kind == "dataset":
-    data = Stripes(101)  # odd: the ranks' shares differ unless the sampler pads
-else:
-    sampler = torch.utils.data.DistributedSampler(Stripes(96), num_replicas=int(os.environ["WORLD_SIZE"]),
-                                                  rank=int(os.environ["RANK"]), shuffle=True, seed=0)
-    data = torch.utils.data.DataLoader(Stripes(96), batch_size=8, sampler=sampler)
+data = Stripes(101)  # odd: the ranks' shares differ unless the sampler pads
 result = capsnet.fit(model, data, test_data=Stripes(41, seed=1), epochs=2, out=out, batch_size=8, lr=1e-2,
                      progress=False, tensorboard=False, device="cpu")
 rank = int(os.environ["RANK"])
@@ -386,14 +381,14 @@ def _torchrun(script: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["dataset", "dataloader"])
-def test_fit_under_torchrun_two_cpu_processes(tmp_path, kind):
-    """2 gloo processes: a Dataset is sharded by the seeded sampler, a DataLoader by its own DistributedSampler;
-    both ranks end with the same weights (DDP), only rank 0 writes, and the test data is scored once in all."""
+def test_fit_under_torchrun_two_cpu_processes(tmp_path):
+    """2 gloo processes: a Dataset (of odd length) is sharded by the seeded sampler; both ranks end with the same
+    weights (DDP), only rank 0 writes, and the test data is scored once in all. (A DataLoader sharded by its own
+    DistributedSampler: test_fit_trains_a_distributed_samplers_dataloader_under_ddp, in-process.)"""
     script = tmp_path / "fit.py"
     script.write_text(FIT_SCRIPT)
     out = tmp_path / "run"
-    r = _torchrun(script, str(out), str(Path(__file__).parent), kind)
+    r = _torchrun(script, str(out), str(Path(__file__).parent))
     assert r.returncode == 0, f"stdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-6000:]}"
     assert r.stdout.count("epoch 2/2") == 1  # rank 0 alone logs
     a, b = (torch.load(out / f"rank{k}.pt", weights_only=True) for k in (0, 1))
@@ -402,8 +397,20 @@ def test_fit_under_torchrun_two_cpu_processes(tmp_path, kind):
     report = json.loads((out / "test.json").read_text())
     assert report["last"]["n"] == 41  # each test example once over both ranks
     state = load_state(out)
-    steps = {"dataset": 2 * 6, "dataloader": 2 * 6}[kind]  # 91 of 101 (10 held out) / 2 ranks / 8; 96 / 2 / 8
-    assert state["step"] == steps and [r["epoch"] for r in read_summary(out)] == [1, 2]
+    assert state["step"] == 2 * 6 and [r["epoch"] for r in read_summary(out)] == [1, 2]  # 91 of 101 / 2 ranks / 8
+
+
+def test_fit_trains_a_distributed_samplers_dataloader_under_ddp(tmp_path, one_rank_ddp):
+    """A DataLoader sharded by its own DistributedSampler, under DDP (a one-rank gloo group in this process): the
+    sampler is told each epoch, the test data is scored once, and the run keeps its steps."""
+    torch.manual_seed(0)
+    sampler = torch.utils.data.DistributedSampler(Stripes(96), num_replicas=1, rank=0, shuffle=True, seed=0)
+    data = torch.utils.data.DataLoader(Stripes(96), batch_size=8, sampler=sampler)
+    out = tmp_path / "run"
+    capsnet.fit(Tiny(), data, test_data=Stripes(41, seed=1), epochs=2, out=out, batch_size=8, lr=1e-2, **QUIET)
+    assert len(one_rank_ddp) == 1 and sampler.epoch == 1
+    assert json.loads((out / "test.json").read_text())["last"]["n"] == 41
+    assert load_state(out)["step"] == 2 * 12 and [r["epoch"] for r in read_summary(out)] == [1, 2]
 
 
 # ------------------------------------------------------------------------------------------------ the README

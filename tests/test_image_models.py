@@ -255,6 +255,8 @@ def test_two_step_training_of_a_three_channel_non_square_model(tmp_path):
 
 
 def test_cifar_stand_in_trains_on_crops_and_tests_on_centre_crops(tmp_path):
+    from capsnet.models.pretrained import load_pretrained
+    from capsnet.models.recipe import model_input
     from capsnet.training.loop import TrainConfig, train
 
     folder = standins.write_cifar(tmp_path / "c10", n_train=10, n_test=8)
@@ -266,7 +268,16 @@ def test_cifar_stand_in_trains_on_crops_and_tests_on_centre_crops(tmp_path):
     meta = json.loads((tmp_path / "run" / "config.json").read_text())
     assert meta["model"]["image_size"] == 24 and meta["model"]["source_size"] == [32, 32]
     assert meta["model"]["standardize"] and meta["model"]["class_names"][0] == "airplane"
-    assert meta["augment"].startswith("crop=24x24,flip") and result.history[0]["val_acc"] >= 0
+    assert meta["augment"].startswith("crop=24x24,flip") and len(result.history) == 1
+    # tests on centre crops: the model's input from 32x32 images is their centre 24x24, whatever the border holds
+    model = load_pretrained(tmp_path / "run" / "last")
+    images = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    border, centre = images.clone(), images.clone()
+    border[..., :4, :], border[..., :, 28:] = 255 - border[..., :4, :], 0
+    centre[..., 16, 16] = 255 - centre[..., 16, 16]
+    seen = model_input(model, images)
+    assert seen.shape == (2, 3, 24, 24) and torch.equal(model_input(model, border), seen)
+    assert not torch.equal(model_input(model, centre), seen)
 
 
 @pytest.mark.parametrize("detach_votes", [False, True])

@@ -13,6 +13,8 @@ from capsnet.models.baseline import count_parameters
 from capsnet.training.checkpoint import read_summary
 from capsnet.training.evaluate import evaluate_checkpoint
 
+pytestmark = pytest.mark.tooling  # the project's tooling: make test runs it, make check does not
+
 NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "mnist.ipynb"
 # Replaces the values of the notebook's "parameters" cell: a few seconds of training.
 TINY = """\

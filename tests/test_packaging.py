@@ -45,6 +45,7 @@ def wheel(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.tooling
 def test_wheel_holds_the_package_data_and_no_tests(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for split in ("train", "t10k"):
@@ -71,6 +72,7 @@ def test_wheel_holds_the_package_data_and_no_tests(wheel):
 
 
 @pytest.mark.slow
+@pytest.mark.tooling
 def test_wheel_reads_its_bundled_digits(wheel, tmp_path):
     """The unpacked wheel alone (no checkout on the path) loads the bundled sample and shipped weights by their tag,
     and parses the CLI."""
@@ -95,6 +97,7 @@ def test_wheel_reads_its_bundled_digits(wheel, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.tooling
 def test_wheel_holds_the_shipped_weights_and_stays_small(wheel):
     infos = zipfile.ZipFile(wheel).infolist()
     names = {i.filename for i in infos}

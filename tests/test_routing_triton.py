@@ -10,7 +10,7 @@ from helpers import small_config
 
 from capsnet import CapsNet, Router, squash
 from capsnet.errors import ConfigError
-from capsnet.routing import dynamic_cpu, dynamic_triton, use_backend
+from capsnet.routing import dynamic_triton, use_backend
 from capsnet.routing.dynamic import dynamic_routing, route_votes
 from capsnet.routing.dynamic_triton import TILE, Launch
 
@@ -88,11 +88,10 @@ def test_kernels_in_float32_and_gradients_only_where_needed():
 
 @interpreted
 @pytest.mark.parametrize("iterations, detach_votes", [(3, False), (3, True), (1, False)])
-def test_the_cuda_kernel_of_the_operator_returns_what_the_cpu_kernel_does(iterations, detach_votes):
-    """The operator's CUDA implementation (here on CPU tensors, interpreted) against its C++ CPU kernel: the same
-    outputs and saved tensors, the same gradients from them; so the autograd registration serves both."""
-    if not dynamic_cpu.available():
-        pytest.skip("the C++ kernel does not build here")
+def test_the_cuda_kernel_of_the_operator_returns_what_the_cpu_kernel_does(iterations, detach_votes, routing_kernel):
+    """The operator's CUDA implementation (here on CPU tensors, interpreted) against its C++ CPU kernel (built
+    explicitly): the same outputs and saved tensors, the same gradients from them; so the autograd registration
+    serves both."""
     u, w, gv, gc = _inputs()
     ours = dynamic_triton._cuda_routing(u, w, iterations, detach_votes)
     theirs = torch.ops.capsnet.routing_cpu(u, w, iterations, detach_votes)

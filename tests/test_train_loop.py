@@ -1,15 +1,9 @@
 """The training loop's device behaviour: no host syncs in the step, data on the device, precision checks,
-per-device defaults, CUDA random states in checkpoints, compile and torchrun (gradients synchronized)."""
-
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
+per-device defaults, CUDA random states in checkpoints and compile (torchrun: tests/test_distributed.py)."""
 
 import pytest
 import torch
-from helpers import SMALL_FLAGS, small_config, small_model_config
+from helpers import small_config, small_model_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from capsnet.models.baseline import BaselineCNN, BaselineConfig
@@ -240,53 +234,3 @@ def test_checkpoints_hold_the_cuda_random_state(monkeypatch):
     restored.clear()
     set_rng_states(cpu_states, torch.device("cuda", 0), gen, DistInfo())  # an older or CPU state: nothing to set
     assert not restored
-
-
-# ------------------------------------------------------------------------------------- torchrun
-DDP_SCRIPT = """
-import sys, torch
-from capsnet.training.loop import TrainConfig, train
-from capsnet.training.tasks import ClassificationTask
-
-class Recording(ClassificationTask):
-    def batches(self, **kw):
-        for batch in super().batches(**kw):
-            self.seen = getattr(self, "seen", []) + [batch.targets.clone()]
-            yield batch
-
-    def evaluate(self, model, **kw):
-        self.model = model
-        return super().evaluate(model, **kw)
-
-out, flags = sys.argv[1], sys.argv[2:]
-from capsnet.cli.train import configs_from_args
-from capsnet.cli import build_parser
-config, model_config = configs_from_args(build_parser().parse_args(["train", "--out", out, *flags]))
-task = Recording.from_config(config)
-train(config, model_config, task=task)
-rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else int(__import__("os").environ["RANK"])
-torch.save({"weights": task.model.state_dict(), "seen": torch.cat(task.seen)}, f"{out}/rank{rank}.pt")
-"""
-
-
-@pytest.mark.slow
-def test_torchrun_recon_weight_zero_and_synchronized_gradients(tmp_path):
-    """Two gloo processes, --recon-weight 0 (the decoder gets no gradient and is skipped, which DDP needs), each
-    rank on its own share of the data: after training both hold the same weights, bit for bit."""
-    script = tmp_path / "ddp.py"
-    script.write_text(textwrap.dedent(DDP_SCRIPT))
-    out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1",
-           "PYTHONFAULTHANDLER": "1"}  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(out),
-           "--epochs", "2", "--train-subset", "96", "--test-subset", "40", "--batch-size", "16", "--device", "cpu",
-           "--recon-weight", "0", "--no-progress", "--no-tensorboard", *SMALL_FLAGS]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, f"stdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-6000:]}"
-    a, b = (torch.load(out / f"rank{k}.pt", weights_only=True) for k in (0, 1))
-    assert not torch.equal(a["seen"], b["seen"])  # the ranks trained on different images
-    assert a["weights"].keys() == b["weights"].keys()
-    for key in a["weights"]:
-        assert torch.equal(a["weights"][key], b["weights"][key]), key
-    start = small_config()
-    assert start.recon_weight != 0  # (the flag, not the default, turned the reconstruction off)

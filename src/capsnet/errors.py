@@ -35,3 +35,8 @@ class RunFolderError(ConfigError):
 
 class ExportError(CapsNetError):
     """A model cannot be exported (to ONNX or torch.export), or its exported file does not match it."""
+
+
+class KernelBuildError(CapsNetError, RuntimeError):
+    """A C++ routing kernel asked for (``capsnet build-kernels``, the "cpp" backend) does not build here: no
+    compiler, no ninja, or a compiler error."""

@@ -191,10 +191,6 @@ def run_zoo(args: argparse.Namespace) -> int:
                 f"--{name.replace('_', '-')}: not an option of `capsnet reproduce zoo` (its budgets are "
                 "stated per benchmark)"
             )
-    results = Path(args.results or "results")
-    results.mkdir(parents=True, exist_ok=True)  # an unusable --results fails here, before anything trains
-    if not os.access(results, os.W_OK):
-        raise PermissionError(errno.EACCES, "Permission denied", str(results))
     models = [m.strip() for arg in args.model for m in arg.split(",") if m.strip()] if args.model else list(MODELS)
     plan = zoo.ZooPlan(
         benchmark=args.benchmark or "sample",
@@ -204,9 +200,12 @@ def run_zoo(args: argparse.Namespace) -> int:
         precision=args.precision or "auto",
         device=args.device,
         data_dir=args.dataset,
-        results=results,
+        results=Path(args.results or "results"),
         progress=sys.stdout.isatty(),
     )
+    plan.results.mkdir(parents=True, exist_ok=True)  # an unusable --results fails here, before anything trains
+    if not os.access(plan.results, os.W_OK):
+        raise PermissionError(errno.EACCES, "Permission denied", str(plan.results))
     for row in zoo.run_zoo(plan):
         print(
             f"{row.model}: {row.test_acc_mean:.2f} ± {row.test_acc_std:.2f}% test ({row.test_acc}), affine "

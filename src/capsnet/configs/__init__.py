@@ -8,7 +8,8 @@ May import: the foundation modules; never nn, routing, models or above.
 # The registration order is the order `capsnet models` and `--model` list the models in.
 # isort: off
 from . import capsnet, baseline, em_capsnet, efficient_capsnet
-from . import inverted_attention_capsnet, self_routing_capsnet, hvc_capsnet, deepcaps, vb_capsnet
+from . import inverted_attention_capsnet, self_routing_capsnet, hvc_capsnet, deepcaps, heinsen_capsnet, cluster_capsnet
+from . import vb_capsnet
 # isort: on
 
 from .base import MODEL_CONFIGS, config_name
@@ -17,10 +18,12 @@ __all__ = [
     "MODEL_CONFIGS",
     "baseline",
     "capsnet",
+    "cluster_capsnet",
     "config_name",
     "deepcaps",
     "efficient_capsnet",
     "em_capsnet",
+    "heinsen_capsnet",
     "hvc_capsnet",
     "inverted_attention_capsnet",
     "self_routing_capsnet",

@@ -64,6 +64,10 @@ class CapsNetConfig(RecordedData):
         metadata={"help": "a learned bias per class capsule added before the squash (as the official code's "
                   "capsule layers; dynamic routing only)"},
     )  # fmt: skip
+    cluster_votes: int = field(
+        default=8,
+        metadata={"help": "votes K in each cluster of cluster routing (the authors' default 8; cluster routing only)"},
+    )
     decoder: bool = field(default=True, metadata={"help": "add the reconstruction decoder"})
     decoder_hidden: tuple[int, ...] = field(default=(512, 1024), metadata={"help": "decoder hidden sizes"})
     decoder_mask: Literal["label", "prediction"] = field(
@@ -129,6 +133,8 @@ class CapsNetConfig(RecordedData):
         for name in ints:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.cluster_votes < 2:
+            raise ConfigError(f"cluster_votes must be >= 2 (one vote has no spread), got {self.cluster_votes}")
         if self.n_classes < 2:
             raise ConfigError(f"n_classes must be >= 2, got {self.n_classes}")
         if not isinstance(self.image_size, int):

@@ -106,6 +106,30 @@ ROUTINGS: dict[str, RoutingRecord] = {r.name: r for r in [
         models=("em-capsnet",),
     ),
     RoutingRecord(
+        name="heinsen", layer="capsnet.routing.heinsen:HeinsenRouting", method="Heinsen routing",
+        classes=("HeinsenRouting",), paper="Heinsen, arXiv:1911.00792, 2019 (Routing Capsules in All Domains)",
+        equations="V_ij = μ_i W_ij + B_ij; R_ij = softmax_j(log f(a_j) + log p_ij), 1/J at first; D^use = f(a_i) R, "
+                  "D^ign = f(a_i) − D^use; a_j = Σ_i β^use D^use − β^ign D^ign; μ_j, σ²_j of V weighted by D^use; "
+                  "r iterations",
+        iterations=3, activations=True, probability="activation", models=("heinsen-capsnet",),
+    ),
+    RoutingRecord(
+        name="heinsen-vector", layer="capsnet.routing.heinsen_vector:HeinsenVectorRouting",
+        method="Heinsen vector routing", classes=("HeinsenVectorRouting",),
+        paper="Heinsen, arXiv:2211.11754, 2022 (Routing Vectors in Sequences)",
+        equations="a_i = W_A x_i; R_ij = softmax_j(log f(x_i · x̂_j W^S + B^S)), x̂_j = G(x_j), 1/J at first; "
+                  "φ = β^use f(a_i) R − β^ign f(a_i)(1 − R); x_j = Σ_i φ_ij F_j(x_i); N(x_j); any length, masks",
+        iterations=2, probability="classifier",
+    ),
+    RoutingRecord(
+        name="cluster", layer="capsnet.routing.cluster:ClusterRoutingFC", method="non-iterative cluster routing",
+        classes=("ClusterRoutingFC", "ClusterRoutingConv"), paper="Zhao & Cheng, Neural Networks 2021",
+        equations="V^k_ij = W^k_ij u_i + b^k_ij, k = 1..K; μ_ij, σ_ij mean and std of the K votes, per dimension; "
+                  "c_ij = softmax_i(−log σ_ij); v_j = LayerNorm(Σ_i c_ij μ_ij); no iterations",
+        probability="classifier", fast_paths=("gemm",), options={"cluster_votes": "votes"},
+        models=("cluster-capsnet",),
+    ),
+    RoutingRecord(
         name="variational-bayes", layer="capsnet.routing.vb_fc:VBRoutingFC", method="variational Bayes routing",
         classes=("VBRoutingFC", "VBConvCaps", "VBClassCaps"), paper="Ribeiro, Leontidis & Kollias, AAAI 2020",
         equations="V_ij = W_ij u_i (4×4 poses: M_i W_ij); q(π, μ, Λ): R_j = Σ_i R_ij a_i, α_j, κ_j, ν_j = prior + R_j, "

@@ -93,6 +93,17 @@ RECIPES: dict[str, Recipe] = {
             "default_lr_decay, 0.5^0.1 per epoch), batch 256, 100 epochs, their ImageDataGenerator's shifts, "
             "rotation, zoom and flips; their second, hard-margin phase not reproduced; not screened",
     ),
+    "heinsen-capsnet": Recipe(
+        epochs=50, batch_size=20, augment="shift=2",
+        why="the authors' smallNORB recipe (github.com/glassroom/heinsen_routing, 2019 notebook: RAdam 5e-4 in one "
+            "cycle down to 1e-5, batch 20, 50 epochs), here the model's defaults: Adam 5e-4 decayed to 1e-5 over 50 "
+            "epochs; their 16 px shifts of 96 px images as 2 px on 28 px; their mixup not reproduced; not screened",
+    ),
+    "cluster-capsnet": Recipe(
+        epochs=60, batch_size=64, augment="shift=2",
+        why="the model's defaults (Adam 1e-3, the decay stretched to x0.25 over the run; the authors' schedule is "
+            "SGD), batch 64 (the authors'), 2 px shifts; not screened",
+    ),
     "vb-capsnet": Recipe(
         epochs=60, batch_size=128, augment="shift=2",
         why="the authors' Adam 1e-3 and batch 128 (github.com/fabio-deep/Variational-Capsule-Routing, main.py; no "
@@ -114,8 +125,10 @@ QUICK_MODELS: dict[str, dict[str, Any]] = {
     "self-routing-capsnet": {"resnet_widths": (8, 16), "resnet_blocks": 1, "primary_types": 4},
     "inverted-attention-capsnet": {"stem_channels": 16, "primary_types": 4, "capsule_types": (4, 4)},
     "em-capsnet": {"conv_channels": 8, "primary_types": 4, "caps1_types": 4, "caps2_types": 4},
+    "cluster-capsnet": {"capsule_channels": 2, "votes": 3, "capsule_dim": 4},
     "vb-capsnet": {"conv_channels": 8, "primary_types": 4, "caps1_types": 4, "caps2_types": 4},
     "baseline": {"channels": (8, 8, 4), "hidden": (32, 16)},
+    "heinsen-capsnet": {"conv_channels": 8, "n_parts": 4},
     "deepcaps": {"conv_channels": 8, "cell_types": (4, 4, 4, 4), "cell_dims": (2, 4, 4, 4), "class_dim": 8,
                  "decoder_channels": (8, 4, 4)},
 }  # fmt: skip

@@ -10,6 +10,8 @@ from .capsnet import CapsNet, CapsNetConfig, CapsNetOutput
 from .baseline import BaselineCNN, BaselineConfig
 from .em_capsnet import EMCapsNet, EMCapsNetConfig, EMCapsNetOutput
 from . import efficient_capsnet, inverted_attention_capsnet, self_routing_capsnet, hvc_capsnet, deepcaps
+from . import heinsen_capsnet
+from . import cluster_capsnet
 from . import vb_capsnet
 # isort: on
 
@@ -28,9 +30,11 @@ __all__ = [
     "EMCapsNetConfig",
     "EMCapsNetOutput",
     "Pretrained",
+    "cluster_capsnet",
     "create_model",
     "deepcaps",
     "efficient_capsnet",
+    "heinsen_capsnet",
     "hvc_capsnet",
     "inverted_attention_capsnet",
     "list_models",

@@ -13,10 +13,14 @@ May import: capsnet.nn and the foundation modules (errors, fileio, config); neve
 from ..configs.routings import ROUTINGS
 from .backend import BACKENDS, get_backend, set_backend, use_backend
 from .base import RoutingLayer, RoutingOutput, weight_spread
+from .cluster import ClusterRoutingFC, cluster_route
+from .cluster_conv import ClusterRoutingConv
 from .dynamic import Router, RoutingResult, default_weight_std, dynamic_routing, route_votes
 from .dynamic_fast import fast_dynamic_routing
 from .em import EMResult, em_routing
 from .em_fc import EMRoutingFC
+from .heinsen import HeinsenRouting, generative_routing
+from .heinsen_vector import HeinsenVectorRouting
 from .inverted_attention import InvertedAttentionConv, InvertedAttentionFC, concurrent_routing
 from .matrix_capsules import ClassCaps, ConvCaps, PrimaryMatrixCaps
 from .self_attention import SelfAttentionRouter, self_attention_routing
@@ -26,9 +30,13 @@ __all__ = [
     "BACKENDS",
     "ROUTINGS",
     "ClassCaps",
+    "ClusterRoutingConv",
+    "ClusterRoutingFC",
     "ConvCaps",
     "EMResult",
     "EMRoutingFC",
+    "HeinsenRouting",
+    "HeinsenVectorRouting",
     "InvertedAttentionConv",
     "InvertedAttentionFC",
     "PrimaryMatrixCaps",
@@ -39,11 +47,13 @@ __all__ = [
     "SelfAttentionRouter",
     "SelfRoutingConv",
     "SelfRoutingFC",
+    "cluster_route",
     "concurrent_routing",
     "default_weight_std",
     "dynamic_routing",
     "em_routing",
     "fast_dynamic_routing",
+    "generative_routing",
     "get_backend",
     "route_votes",
     "self_attention_routing",

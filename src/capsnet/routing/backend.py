@@ -1,11 +1,11 @@
 """Which implementation the routing layers run: capsnet's C++ CPU kernels, or PyTorch's own ops.
 
-- ``"auto"`` (the default): a layer's C++ kernel on CPU tensors (compiled at first use, 30–60 s, then cached; if it
-  cannot be built, one warning and PyTorch), PyTorch elsewhere. With ``CAPSNET_NO_EXT=1`` in the environment,
-  ``"auto"`` means ``"torch"``.
-- ``"cpp"``: the C++ kernels on CPU tensors, and a kernel that cannot be built (or is disabled by
-  ``CAPSNET_NO_EXT``) is an error rather than a fallback. Tensors on other devices use PyTorch: the kernels are
-  CPU-only.
+- ``"auto"`` (the default): a layer's C++ kernel on CPU tensors once it is built (``capsnet build-kernels``; never
+  compiled by a forward: until then one log line and PyTorch), PyTorch elsewhere. With ``CAPSNET_NO_EXT=1`` in the
+  environment, ``"auto"`` means ``"torch"``.
+- ``"cpp"``: the C++ kernels on CPU tensors (built at first use if the cache lacks them), and a kernel that cannot
+  be built (or is disabled by ``CAPSNET_NO_EXT``) is an error rather than a fallback. Tensors on other devices use
+  PyTorch: the kernels are CPU-only.
 - ``"torch"``: never build or run a C++ kernel. The layers run their PyTorch fast paths (same results, hand-derived
   backward passes); ``layer.fast = False`` selects their plain autograd path instead (double backward, export).
 - ``"triton"``: dynamic routing on CUDA tensors by Triton kernels (:mod:`capsnet.routing.dynamic_triton`; an error

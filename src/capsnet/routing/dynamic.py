@@ -84,12 +84,13 @@ class Router(KernelLayer, nn.Module):
             their converted weights). "inputs" runs the plain autograd path.
         fast: use a fast path with a hand-derived backward (fp32 under autocast) instead of the plain autograd
             path (:func:`route_votes` + :func:`dynamic_routing`): on CPUs the fused C++ kernel of
-            :mod:`capsnet.routing.dynamic_cpu` (built at first use; ``CAPSNET_NO_EXT=1`` disables it); on CUDA
-            under the "triton" backend, the Triton kernels of :mod:`capsnet.routing.dynamic_triton`; elsewhere,
-            or if it cannot be built, :func:`capsnet.routing.fast_dynamic_routing` (large-K GEMMs). All compute the
-            same function; the fast ones support a single backward pass only, so set ``router.fast = False`` for
-            double backward (e.g. gradient penalties). `router.backend` ("auto", "cpp", "torch", "triton"; None: the
-            global choice of :func:`capsnet.routing.set_backend`) decides between the kernels and the GEMM path.
+            :mod:`capsnet.routing.dynamic_cpu` (once built: ``capsnet build-kernels``; ``CAPSNET_NO_EXT=1`` disables
+            it); on CUDA under the "triton" backend, the Triton kernels of :mod:`capsnet.routing.dynamic_triton`;
+            elsewhere, or until it is built, :func:`capsnet.routing.fast_dynamic_routing` (large-K GEMMs). All
+            compute the same function; the fast ones support a single backward pass only, so set
+            ``router.fast = False`` for double backward (e.g. gradient penalties). `router.backend` ("auto", "cpp",
+            "torch", "triton"; None: the global choice of :func:`capsnet.routing.set_backend`) decides between the
+            kernels and the GEMM path.
 
     `weight` has the layout of labml's reference code (in_caps, out_caps, in_d, out_d), so its state dicts load
     unchanged.

@@ -8,9 +8,10 @@ passes backwards, keeping only small factors (G_t = dL/db_t [in, out], ds_t, v_t
 parallel over the input capsules, it rebuilds dL/dû from them and forms dL/du and dL/dW, summing over the batch in
 a fixed order (so dL/dW does not depend on the number of threads).
 
-The extension is compiled at first use by :mod:`capsnet.routing.extension` (``-O3 -march=native -fopenmp``; needs a
-C++ compiler and ninja) and cached in torch's extension directory. If it cannot be built, :func:`available` is
-False and :class:`capsnet.Router` uses :func:`capsnet.routing.fast_dynamic_routing` (with one warning).
+The extension is compiled on request by :mod:`capsnet.routing.extension` (``capsnet build-kernels``, or the "cpp"
+backend; ``-O3 -march=native -fopenmp``; needs a C++ compiler and ninja) and cached in capsnet's kernel cache. Until
+it is built, :func:`available` is False and :class:`capsnet.Router` uses
+:func:`capsnet.routing.fast_dynamic_routing`.
 ``CAPSNET_NO_EXT=1`` disables the extension.
 """
 
@@ -20,9 +21,9 @@ import torch
 
 from .extension import LazyExtension
 
-_EXTENSION = LazyExtension("routing_cpu", what="the fused CPU routing kernel", fallback="the PyTorch-op fast path")
-load, _kernel = _EXTENSION.load, _EXTENSION.kernel  # the extension or None; the extension or an error
-available, applicable = _EXTENSION.checks()  # whether it builds; whether cpu_dynamic_routing handles (u, weight)
+EXTENSION = LazyExtension("routing_cpu", what="the fused CPU routing kernel", fallback="the PyTorch-op fast path")
+build, load, _kernel = EXTENSION.build, EXTENSION.load, EXTENSION.kernel  # compile now; or None; or error
+available, applicable = EXTENSION.checks()  # whether it is used; whether cpu_dynamic_routing handles (u, weight)
 
 
 # ------------------------------------------------------------------------------------------------ custom ops

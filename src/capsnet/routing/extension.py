@@ -1,4 +1,4 @@
-"""The C++ CPU kernels of capsnet.routing, compiled at first use.
+"""The C++ CPU kernels of capsnet.routing: built on request, used once built.
 
 Each kernel is one C++ file in ``csrc/`` (``routing_cpu.cpp``: dynamic routing; ``inverted_attention_cpu.cpp``:
 inverted dot-product attention routing); the building blocks they share are in ``csrc/routing_common.h``, which is
@@ -11,12 +11,15 @@ the Python ABI, the compiler and the CPU model with its instruction-set flags), 
 on one machine never replace each other's build, a change to a kernel or its header gets a fresh build, and a
 cached build is loaded without compiling.
 
-:class:`LazyExtension` builds a kernel once per process (thread-safe), with one notice line on stderr when it
-compiles (what, where, and how long the last build took on this machine), and leaves os.environ as it found it;
-if it cannot be built, its `load` returns None after one warning, and the layers use their PyTorch computation.
-Whether a layer uses its kernel is the routing backend's choice (:mod:`capsnet.routing.backend`: "auto", "cpp"
-or "torch"); ``CAPSNET_NO_EXT=1`` disables the kernels.
-A kernel's module (e.g. :mod:`capsnet.routing.dynamic_cpu`) exposes `load`, `available` and `applicable` from it.
+No forward compiles without being asked (docs/benchmarks.md, "No surprise build"). A compilation happens only in
+:meth:`LazyExtension.build` (``capsnet build-kernels``, :func:`capsnet.routing.kernels.build_kernels`) or under the
+"cpp" backend, which demands the kernel. Under "auto" a layer uses a kernel already in the cache (loaded, not
+compiled) and otherwise its PyTorch path, after one log line per process (logger "capsnet", WARNING) saying how to
+get the kernel (:data:`NOT_BUILT`). A real compilation prints one notice line on stderr (what, where, and how long
+the last build took on this machine); os.environ is left as it was. A cached build that does not load gives one
+warning and the PyTorch path. Whether a layer uses its kernel is the routing backend's choice
+(:mod:`capsnet.routing.backend`: "auto", "cpp" or "torch"); ``CAPSNET_NO_EXT=1`` disables the kernels.
+A kernel's module (e.g. :mod:`capsnet.routing.dynamic_cpu`) exposes `build`, `load`, `available` and `applicable`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import platform
 import re
@@ -42,11 +46,20 @@ from types import ModuleType
 
 import torch
 
+from ..errors import KernelBuildError
 from ..fileio import atomic_write_json
 from .backend import BACKENDS
 from .backend import resolve as resolve_backend
 
 CSRC = Path(__file__).with_name("csrc")
+log = logging.getLogger("capsnet")
+# The line logged (once per process) when "auto" routes with PyTorch because no kernel is built yet.
+NOT_BUILT = (
+    "capsnet: the C++ CPU routing kernels are not built, so routing runs on its PyTorch path; "
+    "`capsnet build-kernels` builds them once (about 1-3 min, needs a C++ compiler and ninja) for 4-7x faster "
+    "routing on CPUs (CAPSNET_NO_EXT=1 silences this)"
+)
+_NOTED = {"not built": False}
 _LOCAL_INCLUDE = re.compile(r'^#include "([\w.]+)"[^\n]*$', re.MULTILINE)
 
 
@@ -141,7 +154,7 @@ def build_notice(what: str, prefix: str, folder: Path) -> str:
     took = f"the last build here took {last:.0f} s" if last is not None else f"{TYPICAL_BUILD}, less with more cores"
     return (
         f"capsnet: compiling {what} into {folder} (once per torch build and folder, Python, compiler, CPU; {took}; "
-        "capsnet.routing.set_backend('torch') or CAPSNET_NO_EXT=1 skips it)"
+        "once built, every later process loads it)"
     )
 
 
@@ -191,10 +204,11 @@ def build_extension(
     source = extension_source(source_path)
     key = build_key() if key is None else key
     errors = []
-    variants = (
+    variants = [
         (extension_name(prefix, source, _cpu_model(), key), ["-O3", "-march=native", "-mprefer-vector-width=512"]),
         (extension_name(prefix, source, None, key), ["-O3"]),
-    )
+    ]
+    variants.sort(key=lambda v: not is_built(v[0]))  # a cached build first: loading it compiles nothing
     with build_environment():
         for name, flags in variants:
             folder = extensions_root() / name
@@ -232,17 +246,38 @@ def assume_constant_result(fn: Callable[[], bool]) -> Callable[[], bool]:
 
 
 class LazyExtension:
-    """The kernel `csrc/<name>.cpp`, built as `capsnet_<name>_…` by :func:`build_extension` at the first
-    :meth:`load` and kept. `what` names it in messages ("the fused CPU routing kernel"), `fallback` what runs
-    instead if it does not build."""
+    """The kernel `csrc/<name>.cpp`, built as `capsnet_<name>_…` by :func:`build_extension` on request
+    (:meth:`build`, or :meth:`load` under the "cpp" backend) and kept. `what` names it in messages ("the fused CPU
+    routing kernel"), `fallback` what runs instead."""
 
     def __init__(self, name: str, *, what: str, fallback: str):
         self.source_path, self.prefix = CSRC / f"{name}.cpp", f"capsnet_{name}"
         self.what, self.fallback = what, fallback
         self._lock = threading.Lock()
         self._tried = False
+        self._absent = False  # the cache held no build when "auto" last looked (looked once per process)
         self._module: ModuleType | None = None
         self._error = ""
+
+    def built(self) -> bool:
+        """Whether capsnet's kernel cache holds a build of this kernel for this machine (either set of flags)."""
+        source, key = extension_source(self.source_path), build_key()
+        return any(is_built(extension_name(self.prefix, source, cpu, key)) for cpu in (_cpu_model(), None))
+
+    def build(self, verbose: bool = False) -> ModuleType:
+        """Compile the kernel now (or load the cached build), whatever CAPSNET_NO_EXT says; KernelBuildError (a
+        RuntimeError) if it does not build. Once built, "auto" uses it here and in every later process."""
+        with self._lock:
+            if self._module is None:
+                try:
+                    self._module = build_extension(self.source_path, self.prefix, verbose, notice=self.what)
+                except Exception as e:
+                    self._error = f"{type(e).__name__}: {e}"
+                    raise KernelBuildError(f"cannot build {self.what}: {self._error[:1000]}") from e
+                finally:
+                    self._tried = True
+            self._absent = False
+            return self._module
 
     def load(self, verbose: bool = False, *, raise_errors: bool = False) -> ModuleType | None:
         """The compiled extension, building it on the first call (thread-safe); None if disabled or unbuildable
@@ -268,6 +303,23 @@ class LazyExtension:
             raise RuntimeError(f"capsnet: cannot build {self.what}: {self._error}")
         return self._module
 
+    def load_if_built(self) -> ModuleType | None:
+        """The extension if it is loaded or the cache holds a build (loaded without compiling); else None, after
+        one log line per process saying how to build the kernels (:data:`NOT_BUILT`). None under CAPSNET_NO_EXT."""
+        if os.environ.get("CAPSNET_NO_EXT", "") not in ("", "0"):
+            return None
+        if self._tried:
+            return self._module
+        if self._absent:
+            return None
+        if not self.built():
+            self._absent = True
+            if not _NOTED["not built"]:
+                _NOTED["not built"] = True
+                log.warning(NOT_BUILT)
+            return None
+        return self.load()
+
     def kernel(self) -> ModuleType:
         """The loaded extension; a build failure raises (as `load(raise_errors=True)`)."""
         module = self.load(raise_errors=True)
@@ -277,21 +329,21 @@ class LazyExtension:
 
     def usable(self, backend: str | None = None) -> bool:
         """Whether a layer whose `backend` is `backend` (None: the global choice, :mod:`capsnet.routing.backend`) runs
-        this kernel on CPU tensors: never under "torch"; under "auto" if it builds (built on the first call); under
-        "cpp" always, and a kernel that does not build raises."""
+        this kernel on CPU tensors: never under "torch"; under "auto" if it is already built (never compiled here);
+        under "cpp" always (built on the first call), and a kernel that does not build raises."""
         choice = resolve_backend(backend)
         if choice == "torch":
             return False
         if choice == "cpp":
             self.kernel()
             return True
-        return self.load() is not None
+        return self.load_if_built() is not None
 
     def checks(
         self,
     ) -> tuple[Callable[[], bool], Callable[[torch.Tensor, torch.Tensor, str | None], bool]]:  # fmt: skip
-        """The kernel module's `available()`, whether the kernel is used under the global backend choice (builds it
-        on the first call), and `applicable(u, weight, backend=None)`, whether it handles these inputs: CPU tensors,
+        """The kernel module's `available()`, whether the kernel is used under the global backend choice (built
+        only under "cpp"), and `applicable(u, weight, backend=None)`, whether it handles these inputs: CPU tensors,
         and a layer backend (None: the global one) under which the kernel is used."""
         # torch.compile takes each answer as a constant: the lock and the build stay untraced
         available = assume_constant_result(lambda: self.usable(None))

@@ -13,9 +13,10 @@ Matrix poses (√d×√d matrices P_i, W_ij √d×√d) go through the same kern
 per vote element, as written, with W_ij passed as √d rows of d (:func:`matrix_weight_rows`; autograd folds their
 gradient back onto W).
 
-Built at first use by :mod:`capsnet.routing.extension`, as dynamic routing's kernel (needs a C++ compiler and ninja,
-cached in torch's extension directory; the building blocks both kernels share are in ``csrc/routing_common.h``).
-If it cannot be built, :func:`available` is False (one warning) and the layers use the plain PyTorch computation;
+Built on request by :mod:`capsnet.routing.extension`, as dynamic routing's kernel (``capsnet build-kernels``; needs
+a C++ compiler and ninja, cached in capsnet's kernel cache; the building blocks both kernels share are in
+``csrc/routing_common.h``). Until it is built, :func:`available` is False and the layers use the plain PyTorch
+computation;
 ``CAPSNET_NO_EXT=1`` disables it.
 """
 
@@ -26,11 +27,11 @@ from torch import nn
 
 from .extension import LazyExtension
 
-_EXTENSION = LazyExtension(
+EXTENSION = LazyExtension(
     "inverted_attention_cpu", what="the fused inverted-attention CPU kernel", fallback="the PyTorch computation"
 )
-load, _kernel = _EXTENSION.load, _EXTENSION.kernel  # the extension or None; the extension or an error
-available, applicable = _EXTENSION.checks()  # whether it builds; whether cpu_inverted_attention handles (u, weight)
+build, load, _kernel = EXTENSION.build, EXTENSION.load, EXTENSION.kernel  # compile now; or None; or error
+available, applicable = EXTENSION.checks()  # whether it is used; whether cpu_inverted_attention handles (u, weight)
 
 
 # ------------------------------------------------------------------------------------------------ custom ops

@@ -51,6 +51,11 @@ CONVERTERS: dict[str, Converter] = {
         "gram-ai/capsule-networks: its CapsuleNet state_dict (MNIST CapsNet, coupling softmax over the inputs)",
         ".gram_ai",
     ),
+    "heinsen-capsnet": Converter(
+        "glassroom/heinsen_routing (2019): its SmallNORBClassifier state_dict (smallNORB_pretrained_model_state_"
+        "dict.pt), read with weights_only=True",
+        ".heinsen",
+    ),
     "inverted-attention": Converter(
         "apple/ml-capsules-inverted-attention-routing: its CapsModel checkpoint (simple or ResNet backbone), poses "
         "transposed",
