@@ -49,7 +49,7 @@ def test_docs_models_shows_the_registrys_table():
 
 def test_the_registry_holds_the_four_routings_of_before_em_and_deepcaps_3d_routing():
     assert fully_connected()[:5] == ["dynamic", "self-attention", "inverted-attention", "self-routing", "em"]
-    assert {"heinsen", "heinsen-vector", "cluster"} <= set(fully_connected())
+    assert {"heinsen", "heinsen-vector", "cluster", "variational-bayes"} <= set(fully_connected())
     assert ROUTINGS["3d"].layer is None and ROUTINGS["3d"].models == ("deepcaps",)
     assert {m for r in ROUTINGS.values() for m in r.models} <= set(MODELS)
 
@@ -101,7 +101,9 @@ def test_grid_routing_is_refused_naming_the_model_that_has_it():
 
 
 def test_an_option_of_other_routings_is_refused_naming_them():
-    with pytest.raises(ConfigError, match=r"router_init_std: options of dynamic, self-attention, em routing"):
+    with pytest.raises(
+        ConfigError, match=r"router_init_std: options of dynamic, self-attention, em, variational-bayes routing"
+    ):
         CapsNetConfig(routing="self-routing", router_init_std=0.1)
     with pytest.raises(ConfigError, match="--class-dim 16"):
         CapsNetConfig(routing="em", class_dim=8)

@@ -43,6 +43,7 @@ SMALL = {
     "deepcaps": ["--conv-channels", "8", "--cell-types", "4", "4", "4", "4", "--cell-dims", "2", "4", "4", "4",
                  "--class-dim", "8", "--decoder-channels", "8", "4", "4"],
     "heinsen-capsnet": ["--conv-channels", "8", "--n-parts", "4"],
+    "vb-capsnet": ["--conv-channels", "8", "--primary-types", "4", "--caps1-types", "4", "--caps2-types", "4"],
 }  # fmt: skip
 QUICK = ["--train-subset", "32", "--test-subset", "32", "--epochs", "1", "--batch-size", "16", "--device", "cpu",
          "--no-progress", "--no-tensorboard"]  # fmt: skip

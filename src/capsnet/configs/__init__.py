@@ -9,6 +9,7 @@ May import: the foundation modules; never nn, routing, models or above.
 # isort: off
 from . import capsnet, baseline, em_capsnet, efficient_capsnet
 from . import inverted_attention_capsnet, self_routing_capsnet, hvc_capsnet, deepcaps, heinsen_capsnet, cluster_capsnet
+from . import vb_capsnet
 # isort: on
 
 from .base import MODEL_CONFIGS, config_name
@@ -26,4 +27,5 @@ __all__ = [
     "hvc_capsnet",
     "inverted_attention_capsnet",
     "self_routing_capsnet",
+    "vb_capsnet",
 ]

@@ -130,6 +130,16 @@ ROUTINGS: dict[str, RoutingRecord] = {r.name: r for r in [
         models=("cluster-capsnet",),
     ),
     RoutingRecord(
+        name="variational-bayes", layer="capsnet.routing.vb_fc:VBRoutingFC", method="variational Bayes routing",
+        classes=("VBRoutingFC", "VBConvCaps", "VBClassCaps"), paper="Ribeiro, Leontidis & Kollias, AAAI 2020",
+        equations="V_ij = W_ij u_i (4×4 poses: M_i W_ij); q(π, μ, Λ): R_j = Σ_i R_ij a_i, α_j, κ_j, ν_j = prior + R_j, "
+                  "m_j = Σ_i R_ij a_i V_ij / κ_j, Ψ_j⁻¹ = Ψ0⁻¹ + scatter; q(z): R_ij ∝ exp(E[ln π_j] + ½E[ln|Λ_j|] − "
+                  "½E[(V_ij − μ_j)ᵀΛ_j(V_ij − μ_j)]); a_j = sigmoid(BN(β_a − E[π_j] H[q(μ_j, Λ_j)] − β_u)); "
+                  "r iterations",
+        iterations=3, activations=True, probability="activation", options=dict(_WEIGHT_STD),
+        models=("vb-capsnet",),
+    ),
+    RoutingRecord(
         name="3d", layer=None, method="3D dynamic routing", classes=("ConvCaps3D",),
         paper="Rajasegaran et al., CVPR 2019 (DeepCaps)",
         equations="V_i = W ∗ u_i (one 3D convolution shared by the input types); k_i = softmax_3D(b_i) over "

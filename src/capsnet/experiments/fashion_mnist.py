@@ -105,6 +105,11 @@ RECIPES: dict[str, Recipe] = {
         why="the model's defaults (Adam 1e-3, the decay stretched to x0.25 over the run; the authors' schedule is "
             "SGD), batch 64 (the authors'), 2 px shifts; not screened",
     ),
+    "vb-capsnet": Recipe(
+        epochs=60, batch_size=128, augment="shift=2",
+        why="the authors' Adam 1e-3 and batch 128 (github.com/fabio-deep/Variational-Capsule-Routing, main.py; no "
+            "decay there, here the stretched x0.25), 2 px shifts; not screened (an epoch takes hours on a CPU)",
+    ),
     "baseline": Recipe(
         epochs=60, batch_size=128, augment="shift=2", lr=1e-3,
         why="the paper's baseline CNN at batch 128, where it trains at lr 1e-3 (docs/benchmarks.md), 2 px shifts; "
@@ -122,6 +127,7 @@ QUICK_MODELS: dict[str, dict[str, Any]] = {
     "inverted-attention-capsnet": {"stem_channels": 16, "primary_types": 4, "capsule_types": (4, 4)},
     "em-capsnet": {"conv_channels": 8, "primary_types": 4, "caps1_types": 4, "caps2_types": 4},
     "cluster-capsnet": {"capsule_channels": 2, "votes": 3, "capsule_dim": 4},
+    "vb-capsnet": {"conv_channels": 8, "primary_types": 4, "caps1_types": 4, "caps2_types": 4},
     "baseline": {"channels": (8, 8, 4), "hidden": (32, 16)},
     "heinsen-capsnet": {"conv_channels": 8, "n_parts": 4},
     "deepcaps": {"conv_channels": 8, "cell_types": (4, 4, 4, 4), "cell_dims": (2, 4, 4, 4), "class_dim": 8,

@@ -70,6 +70,7 @@ SAMPLE_EPOCHS: dict[str, int] = {
     # load average of 17 (docs/benchmarks.md, Heinsen routing), a few seconds unloaded
     "heinsen-capsnet": 3,
     "cluster-capsnet": 3,  # 4.6 img/s training at batch 64 on the loaded 2-core machine: about 20 min an epoch
+    "vb-capsnet": 3,
 }
 FASHION_EPOCHS = 3  # one budget for every model on full Fashion-MNIST
 

@@ -12,6 +12,7 @@ from .em_capsnet import EMCapsNet, EMCapsNetConfig, EMCapsNetOutput
 from . import efficient_capsnet, inverted_attention_capsnet, self_routing_capsnet, hvc_capsnet, deepcaps
 from . import heinsen_capsnet
 from . import cluster_capsnet
+from . import vb_capsnet
 # isort: on
 
 from .factory import create_model, list_models
@@ -41,4 +42,5 @@ __all__ = [
     "model_class",
     "register_model",
     "self_routing_capsnet",
+    "vb_capsnet",
 ]

@@ -75,6 +75,50 @@ class PrimaryMatrixCaps(nn.Module):
         return poses, acts
 
 
+def field_indices(
+    height: int, width: int, kernel_size: int, stride: int, in_types: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(child positions of every parent's K×K field [P·K·K], child index of each slot [P, K·K·T_in]) on an H×W grid;
+    slots are position-major, type-minor: I = (kernel offset, child type)."""
+    pos = _field_positions(height, width, kernel_size, stride)  # [P, K·K]
+    child = (pos.unsqueeze(-1) * in_types + torch.arange(in_types)).reshape(pos.shape[0], -1)
+    return pos.reshape(-1), child
+
+
+def gather_fields(
+    poses: torch.Tensor, activations: torch.Tensor, positions: torch.Tensor, n_parents: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The children in each field, gathered: poses [B, H, W, T, 16], activations [B, H, W, T] -> M_i [B, P, I, 4, 4],
+    a_i [B, P, I] (`positions` from :func:`field_indices`)."""
+    b, hh, ww, t, _ = poses.shape
+    m = poses.reshape(b, hh * ww, t, 16).index_select(1, positions).reshape(b, n_parents, -1, 4, 4)
+    a = activations.reshape(b, hh * ww, t).index_select(1, positions).reshape(b, n_parents, -1)
+    return m, a
+
+
+def field_votes(m: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """V_ij = M_i W_ij for the children in each field: M [B, P, I, 4, 4], W [J, I, 4, 4] -> [B, P, J, I, 16]."""
+    b, p = m.shape[:2]
+    return torch.einsum("bpiac,jicd->bpjiad", m, weight).reshape(b, p, weight.shape[0], -1, 16)
+
+
+def class_votes(poses: torch.Tensor, weight: torch.Tensor, centres: torch.Tensor | None) -> torch.Tensor:
+    """Class capsules' votes V_ij = M_i W_j,type(i), one W per (child type, class) shared across positions, plus the
+    coordinates (coordinate addition): `centres[:, 0]` into V_ij[0, 3], `centres[:, 1]` into V_ij[1, 3] at each
+    position (None: none). poses [B, H, W, T, 16], W [J, T, 4, 4] -> [B, 1, J, H·W·T, 16] (children
+    position-major, type-minor)."""
+    b, hh, ww, t, _ = poses.shape
+    m = poses.reshape(b, hh * ww, t, 4, 4)
+    votes = torch.einsum("bstac,jtcd->bjstad", m, weight)  # V_ij  [B, J, H·W, T, 4, 4]
+    if centres is not None:
+        if centres.shape[0] != hh * ww:
+            raise ValueError(f"class capsules built for {centres.shape[0]} positions got a {hh}x{ww} grid")
+        add = votes.new_zeros(hh * ww, 1, 4, 4)
+        add[:, 0, :2, 3] = centres.to(votes.dtype)  # centres[:, 0] into V[0, 3], centres[:, 1] into V[1, 3]
+        votes = votes + add
+    return votes.reshape(b, 1, weight.shape[0], hh * ww * t, 16)
+
+
 def _field_positions(height: int, width: int, kernel_size: int, stride: int) -> torch.Tensor:
     """Child positions (row·width + col) in each parent's K×K field  [P, K·K], parents row-major."""
     out_h = (height - kernel_size) // stride + 1
@@ -123,14 +167,13 @@ class ConvCaps(_CentredActivations):
         """(field positions [P·K·K], child index of each slot [P, K·K·T_in]) for an input grid, cached."""
         key = (height, width, str(device))
         if key not in self._index_cache:
-            pos = _field_positions(height, width, self.kernel_size, self.stride)  # [P, K·K]
-            child = (pos.unsqueeze(-1) * self.in_types + torch.arange(self.in_types)).reshape(pos.shape[0], -1)
-            self._index_cache[key] = (pos.reshape(-1).to(device), child.to(device))
+            pos, child = field_indices(height, width, self.kernel_size, self.stride, self.in_types)
+            self._index_cache[key] = (pos.to(device), child.to(device))
         return self._index_cache[key]
 
     def route(self, poses: torch.Tensor, activations: torch.Tensor) -> tuple[EMResult, tuple[int, int]]:
         """The EM result [B, P, J, ...] and the output grid, for poses [B, H, W, T, 16], activations [B, H, W, T]."""
-        b, hh, ww, t, _ = poses.shape
+        _, hh, ww, t, _ = poses.shape
         if t != self.in_types:
             raise ValueError(f"ConvCaps expects {self.in_types} capsule types, got {t}")
         out_h, out_w = self.output_grid(hh, ww)
@@ -139,9 +182,7 @@ class ConvCaps(_CentredActivations):
             raise ValueError(f"a {hh}x{ww} capsule grid is smaller than the {k}x{k} kernel")
         pos, child = self._indices(hh, ww, poses.device)
         p = out_h * out_w
-        # Unfold once: the children in each field, gathered  [B, P, I, 4, 4] and [B, P, I]
-        m = poses.reshape(b, hh * ww, t, 16).index_select(1, pos).reshape(b, p, -1, 4, 4)
-        a = activations.reshape(b, hh * ww, t).index_select(1, pos).reshape(b, p, -1)
+        m, a = gather_fields(poses, activations, pos, p)  # the children in each field  [B, P, I, 4, 4], [B, P, I]
         options: dict[str, Any] = {
             "iterations": self.iterations,
             "final_lambda": self.final_lambda,
@@ -152,8 +193,7 @@ class ConvCaps(_CentredActivations):
         if self.fast:  # EM on the votes V_ij = M_i W_ij  [B, P, J, I, 16], formed a few images at a time (em_conv)
             res = conv_em_routing(m, self.weight, a, self.beta_u, self.beta_a, **options)
         else:  # the votes of the whole batch, materialised  [B, P, J, I, 16]
-            votes = torch.einsum("bpiac,jicd->bpjiad", m, self.weight).reshape(b, p, self.out_types, -1, 16)
-            res = em_routing(votes, a, self.beta_u, self.beta_a, **options)
+            res = em_routing(field_votes(m, self.weight), a, self.beta_u, self.beta_a, **options)
         return res, (out_h, out_w)
 
     def forward(self, poses: torch.Tensor, activations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,15 +243,7 @@ class ClassCaps(_CentredActivations):
         b, hh, ww, t, _ = poses.shape
         if t != self.in_types:
             raise ValueError(f"ClassCaps expects {self.in_types} capsule types, got {t}")
-        m = poses.reshape(b, hh * ww, t, 4, 4)
-        votes = torch.einsum("bstac,jtcd->bjstad", m, self.weight)  # V_ij  [B, J, H·W, T, 4, 4]
-        if self.centres is not None:
-            if self.centres.shape[0] != hh * ww:
-                raise ValueError(f"ClassCaps was built for {self.centres.shape[0]} positions, got {hh}x{ww}")
-            add = votes.new_zeros(hh * ww, 1, 4, 4)
-            add[:, 0, :2, 3] = self.centres.to(votes.dtype)  # centres[:, 0] into V[0, 3], centres[:, 1] into V[1, 3]
-            votes = votes + add
-        votes = votes.reshape(b, 1, self.n_classes, hh * ww * t, 16)
+        votes = class_votes(poses, self.weight, self.centres)  # [B, 1, J, H·W·T, 16]
         a = activations.reshape(b, 1, hh * ww * t)
         return em_routing(
             votes, a, self.beta_u, self.beta_a, iterations=self.iterations, final_lambda=self.final_lambda,
