@@ -14,7 +14,7 @@ from .base import RecordedData, register_config
 
 @dataclass
 class VBCapsNetConfig(RecordedData):
-    """Hyper-parameters of :class:`VBCapsNet`; the defaults are the authors' smallNORB model (`--arch 64 8 16 16 5`,
+    """Hyper-parameters of `VBCapsNet`; the defaults are the authors' smallNORB model (`--arch 64 8 16 16 5`,
     stereo pairs cropped to 32×32)."""
 
     in_channels: int = field(default=2, metadata={"help": "input image channels (smallNORB: the stereo pair)"})

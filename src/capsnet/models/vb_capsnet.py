@@ -55,7 +55,7 @@ def class_coordinates(config: VBCapsNetConfig) -> torch.Tensor | None:
 @register_model
 class VBCapsNet(Pretrained, nn.Module):
     """The authors' smallNORB network with VB routing: 68,714 parameters (A=64, B=8, C=D=16, 5 classes, 2 channels).
-    Options mirror :class:`VBCapsNetConfig`."""
+    Options mirror `VBCapsNetConfig`."""
 
     config_class = VBCapsNetConfig
     model_type = "vb-capsnet"

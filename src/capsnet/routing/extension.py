@@ -306,7 +306,7 @@ class LazyExtension:
 
     def load_if_built(self) -> ModuleType | None:
         """The extension if it is loaded or the cache holds a build (loaded without compiling); else None, after
-        one log line per process saying how to build the kernels (:data:`NOT_BUILT`). None under CAPSNET_NO_EXT."""
+        one log line per process saying how to build the kernels (`NOT_BUILT`). None under CAPSNET_NO_EXT."""
         if os.environ.get("CAPSNET_NO_EXT", "") not in ("", "0"):
             return None
         if self._tried:

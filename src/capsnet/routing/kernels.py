@@ -1,7 +1,7 @@
-"""Builds capsnet's C++ CPU routing kernels on request: :func:`build_kernels` (``capsnet build-kernels``).
+"""Builds capsnet's C++ CPU routing kernels on request: `build_kernels` (``capsnet build-kernels``).
 
 Until then the routing layers run their PyTorch paths on CPUs; once built (kept in capsnet's kernel cache,
-:func:`capsnet.routing.extension.extensions_root`), every process loads them under the "auto" backend without
+`capsnet.routing.extension.extensions_root`), every process loads them under the "auto" backend without
 compiling. docs/benchmarks.md ("No surprise build") says why the build is a step of its own.
 """
 
@@ -16,7 +16,7 @@ from . import dynamic_cpu, inverted_attention_cpu
 
 @dataclass(frozen=True)
 class BuiltKernel:
-    """One kernel after :func:`build_kernels`: what it is, its compiled file, whether this call compiled it (False:
+    """One kernel after `build_kernels`: what it is, its compiled file, whether this call compiled it (False:
     found in the cache) and the seconds the call took."""
 
     what: str

@@ -89,7 +89,7 @@ def gather_fields(
     poses: torch.Tensor, activations: torch.Tensor, positions: torch.Tensor, n_parents: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The children in each field, gathered: poses [B, H, W, T, 16], activations [B, H, W, T] -> M_i [B, P, I, 4, 4],
-    a_i [B, P, I] (`positions` from :func:`field_indices`)."""
+    a_i [B, P, I] (`positions` from `field_indices`)."""
     b, hh, ww, t, _ = poses.shape
     m = poses.reshape(b, hh * ww, t, 16).index_select(1, positions).reshape(b, n_parents, -1, 4, 4)
     a = activations.reshape(b, hh * ww, t).index_select(1, positions).reshape(b, n_parents, -1)

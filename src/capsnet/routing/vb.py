@@ -17,7 +17,7 @@ read here, the updates are the authors' released code's):
   R_ij = ρ_ij / Σ_{j' ∈ parents(i)} ρ_ij' (10.49; over every parent the child reaches, at all positions);
 - the parent's activation from the entropy of q(μ_j, Λ_j):  H_j = ½ D ln(2πe) − ½ E[ln |Λ_j|],
   â_j = β_a − (E[π_j] H_j + β_u), with E[π_j] = exp(E[ln π_j]) as the authors' code; the layers then batch-normalise
-  â_j (and m_j) and take a_j = sigmoid(BN(â_j)) (:class:`VBNorm`).
+  â_j (and m_j) and take a_j = sigmoid(BN(â_j)) (`VBNorm`).
 
 As the authors' released code (fabio-deep/Variational-Capsule-Routing, vb_routing.py): R starts uniform, 1/J per
 slot; the last iteration updates q(π, μ, Λ) only; m0 = 0, Ψ0 = I/ψ0. Their normaliser of R is clamped below at
@@ -28,7 +28,7 @@ normalisation does; VBCapsNet's layers keep the clamp, CapsNet's VBRoutingFC the
 Speed: as EM routing (capsnet.routing.em) the Gaussian's sufficient statistics (V, V²) are stacked once into
 U = [V − c, (V − c)²]  [B, P, J, I, 2D] (c: each parent's unweighted mean vote, so that Σ R'V² − R μ̄² does not
 cancel); both updates are then contractions of U with small tensors (batched [1, I] @ [I, 2D] and [1, 2D] @ [2D, I]),
-and no [B, P, J, I, D] tensor is made per iteration. The backward pass is written by hand (:class:`_VBRouting`):
+and no [B, P, J, I, D] tensor is made per iteration. The backward pass is written by hand (`_VBRouting`):
 the small graph is replayed under autograd with the saved contractions and ∂U is formed once.
 
 Shapes: B batch, P parent positions, J parent types, I children in a parent's receptive field (slots), D pose entries.
@@ -218,7 +218,7 @@ def vb_routing(
     β_u, β_a [J] (one per parent type). `child_index` [P, I] (long) maps slots to children, for the normalisation of
     R over every parent a child reaches (None: each slot is a distinct child). `min_normaliser`: the floor of
     Σ_j ρ_ij (the authors' 1e-11; 0: none, R_ij sums to 1 over the parents of each child as in the paper). `fast`:
-    the hand-made backward (:class:`_VBRouting`); False: plain autograd through the same steps (the same result)."""
+    the hand-made backward (`_VBRouting`); False: plain autograd through the same steps (the same result)."""
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     shape = tuple(votes.shape)

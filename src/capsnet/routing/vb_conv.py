@@ -5,7 +5,7 @@ BatchNorm, convolutional capsules, and class capsules with coordinate addition.
 A capsule layer is a grid of capsule types, as EM routing's (capsnet.routing.matrix_capsules, whose field gathering,
 votes V_ij = M_i W_ij and coordinate addition these reuse): poses M [B, H, W, T, 16] (4×4 matrices, row-major) and
 activations a [B, H, W, T] in (0, 1). Each routed layer normalises its output as the authors' does
-(:class:`capsnet.routing.vb.VBNorm`: BatchNorm without affine parameters of the poses and of the activation logits).
+(`capsnet.routing.vb.VBNorm`: BatchNorm without affine parameters of the poses and of the activation logits).
 Their W_ij start Xavier-uniform with fans types · K² · 16.
 """
 

@@ -2,7 +2,7 @@
 `--routing variational-bayes` layer of the paper's CapsNet.
 
 Every child i votes for every parent j, and VB fits one Gaussian-Wishart component per parent to its votes
-(:func:`capsnet.routing.vb.vb_routing`):
+(`capsnet.routing.vb.vb_routing`):
 
   V_ij   vote W_ij u_i                                                       [B, n_in, n_out, out_d]
   R_ij   assignment of child i to parent j, 1/n_out at the start             [B, n_in, n_out]
@@ -34,10 +34,10 @@ class VBRoutingFC(nn.Module):
         in_caps, out_caps, in_d, out_d: numbers of children and parents, and their dimensions (the Gaussians are
             over the out_d pose entries; the paper's 16 = 4×4).
         iterations: routing iterations (the authors': 3).
-        weight_std: initial std of W (default: :func:`capsnet.routing.dynamic.default_weight_std`, 1/√in_caps).
-        prior: the priors (:class:`capsnet.routing.vb.VBPrior`, the authors' α0 = κ0 = ψ0 = 1, ν0 = out_d + 1).
-        batchnorm: the authors' BatchNorm of the poses and activation logits (:class:`VBNorm`).
-        min_normaliser: floor of Σ_j ρ_ij (:func:`vb_routing`); default 0, the paper's R_ij, which sum to 1 over
+        weight_std: initial std of W (default: `capsnet.routing.dynamic.default_weight_std`, 1/√in_caps).
+        prior: the priors (`capsnet.routing.vb.VBPrior`, the authors' α0 = κ0 = ψ0 = 1, ν0 = out_d + 1).
+        batchnorm: the authors' BatchNorm of the poses and activation logits (`VBNorm`).
+        min_normaliser: floor of Σ_j ρ_ij (`vb_routing`); default 0, the paper's R_ij, which sum to 1 over
             the parents as every routing layer's weights do (the authors' conv layers clamp at 1e-11).
     """
 
