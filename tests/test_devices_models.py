@@ -25,6 +25,7 @@ MODEL_KWARGS = {
     "deepcaps": {"conv_channels": 8, "cell_types": (4, 4, 4, 4), "cell_dims": (2, 4, 4, 4), "class_dim": 8,
                  "decoder_channels": (8, 4, 4)},
     "heinsen-capsnet": {"conv_channels": 8, "n_parts": 4, "n_classes": 10},
+    "vb-capsnet": {"conv_channels": 8, "primary_types": 4, "caps1_types": 4, "caps2_types": 4, "n_classes": 10},
 }  # fmt: skip
 ENTRIES = [f"capsnet-{r}" for r in ("dynamic", "self-attention", "inverted-attention", "self-routing", "heinsen",
                                     "heinsen-vector")]  # fmt: skip

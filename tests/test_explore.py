@@ -72,7 +72,7 @@ DECODER = [
     "deepcaps",
 ]  # the registered models with a decoder (test_panels_that_apply checks)
 ROUTED = ["capsnet", "efficient-capsnet", "em-capsnet", "inverted-attention-capsnet", "self-routing-capsnet",
-          "deepcaps", "heinsen-capsnet", "cluster-capsnet"]  # fmt: skip
+          "deepcaps", "heinsen-capsnet", "cluster-capsnet", "vb-capsnet"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", DECODER)

@@ -71,10 +71,12 @@ def load_image(path: str | Path, *, size: int = 28, channels: int = 1) -> torch.
 
 def load_image_resized(path: str | Path, *, size: tuple[int, int], channels: int) -> torch.Tensor:
     """Read an image into [C, H, W] in [0, 1] as the image-folder reader converts training images: mode to L or
-    RGB, resized (bilinear) to `size` (H, W). No inversion or boxing (that is `load_image`, for digits)."""
+    RGB, resized (bilinear) to `size` (H, W). No inversion or boxing (that is `load_image`, for digits). A model
+    of other than 1 or 3 channels (smallNORB's stereo pair: 2) reads the image's grey in each of them."""
     from PIL import Image
 
-    img = _open_image(path, channels)
+    read = channels if channels in (1, 3) else 1
+    img = _open_image(path, read)
     if img.size != (size[1], size[0]):
         img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-    return _to_tensor(img, size[0], size[1], channels)
+    return _to_tensor(img, size[0], size[1], read).expand(channels, *size).contiguous()
