@@ -89,8 +89,16 @@ def fetch_url(
         ends = time.monotonic() + deadline
         for attempt in range(retries):
             try:
-                _fetch_once(url, dest, md5=md5, sha256=sha256, timeout=timeout, max_bytes=max_bytes, ends=ends,
-                            low_speed=_LowSpeed(speed_limit, speed_time))  # fmt: skip
+                _fetch_once(
+                    url,
+                    dest,
+                    md5=md5,
+                    sha256=sha256,
+                    timeout=timeout,
+                    max_bytes=max_bytes,
+                    ends=ends,
+                    low_speed=_LowSpeed(speed_limit, speed_time),
+                )
                 return dest
             except _GiveUp as e:
                 raise DownloadError(f"{url}: {e}", url=url, permanent=True) from None
@@ -99,8 +107,9 @@ def fetch_url(
             if attempt + 1 < retries:
                 wait = backoff * 2**attempt
                 if time.monotonic() + wait >= ends:
-                    raise DownloadError(f"{url}: {reasons[-1]}; not done within its deadline of {deadline:g} s",
-                                        url=url)  # fmt: skip
+                    raise DownloadError(
+                        f"{url}: {reasons[-1]}; not done within its deadline of {deadline:g} s", url=url
+                    )
                 time.sleep(wait)
         tried = f"after {retries} tries" if retries > 1 else "after 1 try"
         why = reasons[-1] if len(set(reasons)) == 1 else "; ".join(reasons)
@@ -121,8 +130,10 @@ class _LowSpeed:
         if elapsed < self.seconds:
             return
         if self.received < self.limit * elapsed:
-            raise _Retry(f"slower than {self.limit:,g} bytes/s for {self.seconds:g} s ({self.received:,} bytes in "
-                         f"{elapsed:.1f} s: DOWNLOAD_LOW_SPEED_BYTES_S, DOWNLOAD_LOW_SPEED_S)")  # fmt: skip
+            raise _Retry(
+                f"slower than {self.limit:,g} bytes/s for {self.seconds:g} s ({self.received:,} bytes in "
+                f"{elapsed:.1f} s: DOWNLOAD_LOW_SPEED_BYTES_S, DOWNLOAD_LOW_SPEED_S)"
+            )
         self.start, self.received = time.monotonic(), 0
 
 

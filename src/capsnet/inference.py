@@ -96,8 +96,10 @@ def check_pixels(images: torch.Tensor) -> torch.Tensor:
     if not images.is_floating_point():
         raise DatasetError(f"images of {images.dtype}: give uint8 pixels 0..255 or floats x01 = p / 255 in [0, 1]")
     if images.numel() and (float(images.min()) < 0 or float(images.max()) > 1):
-        raise DatasetError(f"float images must be x01 = p / 255 in [0, 1], got values in [{float(images.min()):g}, "
-                           f"{float(images.max()):g}]; pass the uint8 pixels, or divide by 255")  # fmt: skip
+        raise DatasetError(
+            f"float images must be x01 = p / 255 in [0, 1], got values in [{float(images.min()):g}, "
+            f"{float(images.max()):g}]; pass the uint8 pixels, or divide by 255"
+        )
     return images
 
 
@@ -120,10 +122,18 @@ class Prediction:
     def rows(self, images: list[Any] | None = None) -> list[dict[str, Any]]:
         """One dict per image: {"image", "class", "name", "lengths", "conversion"} (`capsnet predict --json`)."""
         images = images if images is not None else [None] * len(self.names)
-        return [{"image": None if im is None else str(im), "class": int(c), "name": name,
-                 "lengths": [round(float(x), 6) for x in row], "conversion": how}
-                for im, c, name, row, how in zip(images, self.classes.tolist(), self.names, self.lengths.tolist(),
-                                                 self.conversions)]  # fmt: skip
+        return [
+            {
+                "image": None if im is None else str(im),
+                "class": int(c),
+                "name": name,
+                "lengths": [round(float(x), 6) for x in row],
+                "conversion": how,
+            }
+            for im, c, name, row, how in zip(
+                images, self.classes.tolist(), self.names, self.lengths.tolist(), self.conversions
+            )
+        ]
 
 
 @torch.no_grad()
@@ -143,9 +153,13 @@ def predict(model: nn.Module, images: ImageInput) -> Prediction:
         model.train(was_training)
     classes = out.predictions.long().cpu()
     capsules = getattr(out, "capsules", None)
-    return Prediction(classes=classes, names=[class_name(getattr(model, "config", None), int(k)) for k in classes],
-                      lengths=out.lengths.float().cpu(), capsules=None if capsules is None else capsules.cpu(),
-                      conversions=conversions)  # fmt: skip
+    return Prediction(
+        classes=classes,
+        names=[class_name(getattr(model, "config", None), int(k)) for k in classes],
+        lengths=out.lengths.float().cpu(),
+        capsules=None if capsules is None else capsules.cpu(),
+        conversions=conversions,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ evaluate
@@ -223,9 +237,13 @@ def evaluate_checkpoint(
     check_split(model, chosen, source=data.source)
     result = evaluate(model, chosen, batch_size=batch_size, device=resolve_device(device))
     result["conversions"] = conversions
-    result.update(checkpoint=str(paths[0]) if len(paths) == 1 else [str(p) for p in paths], dataset=data.name,
-                  split=split, class_names=[class_name(cfg, k) for k in range(cfg.n_classes)],
-                  scored=[scored(f) for f in folders])  # fmt: skip
+    result.update(
+        checkpoint=str(paths[0]) if len(paths) == 1 else [str(p) for p in paths],
+        dataset=data.name,
+        split=split,
+        class_names=[class_name(cfg, k) for k in range(cfg.n_classes)],
+        scored=[scored(f) for f in folders],
+    )
     return result
 
 
@@ -307,8 +325,9 @@ class Ensemble(nn.Module):
     @property
     def input_recipe(self) -> InputRecipe:
         """The raw images every member reads (its shape and classes); the values are each member's own."""
-        return dataclasses.replace(recipe_of(self.members[0]), divisor=255.0, channel_standardize=False, mean=(),
-                                   std=())  # fmt: skip
+        return dataclasses.replace(
+            recipe_of(self.members[0]), divisor=255.0, channel_standardize=False, mean=(), std=()
+        )
 
     def prepare_input(self, images: torch.Tensor, stats: Stats | None = None) -> torch.Tensor:
         """Raw images [B, C, H, W] -> each member's input by its own recipe, stacked [M, B, C, h, w]."""
@@ -317,10 +336,12 @@ class Ensemble(nn.Module):
     def forward(self, images: torch.Tensor, labels: torch.Tensor | None = None, **_) -> EnsembleOutput:
         """`images`: the members' inputs [M, B, C, H, W] (capsnet.preprocess(ensemble, images))."""
         if not images.is_floating_point() or images.dim() != 5 or images.shape[0] != len(self.members):
-            raise TypeError(f"an Ensemble takes one prepared input per member [{len(self.members)}, B, C, H, W], got "
-                            f"{str(images.dtype).replace('torch.', '')} {list(images.shape)}: "
-                            "capsnet.preprocess(ensemble, images) makes it, capsnet.predict(ensemble, images) "
-                            "classifies them")  # fmt: skip
+            raise TypeError(
+                f"an Ensemble takes one prepared input per member [{len(self.members)}, B, C, H, W], got "
+                f"{str(images.dtype).replace('torch.', '')} {list(images.shape)}: "
+                "capsnet.preprocess(ensemble, images) makes it, capsnet.predict(ensemble, images) "
+                "classifies them"
+            )
         inputs = images
         lengths = torch.stack([m(x).lengths.float() for m, x in zip(self.members, inputs)]).mean(dim=0)  # [B, n]
         return EnsembleOutput(None, lengths, lengths.argmax(dim=1), None, None)

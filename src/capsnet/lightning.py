@@ -68,8 +68,15 @@ class CapsuleModule(lightning.LightningModule):
         self.augment = AugmentSpec.parse(augment) if augment else None
         if not (self.lr > 0 and 0 < self.lr_decay <= 1):
             raise ConfigError(f"CapsuleModule: lr {self.lr:g} must be > 0 and lr_decay {self.lr_decay:g} in (0, 1]")
-        self.save_hyperparameters({"model_type": model.model_type, "config": to_dict(model.config), "lr": self.lr,
-                                   "lr_decay": self.lr_decay, "augment": augment})  # fmt: skip
+        self.save_hyperparameters(
+            {
+                "model_type": model.model_type,
+                "config": to_dict(model.config),
+                "lr": self.lr,
+                "lr_decay": self.lr_decay,
+                "augment": augment,
+            }
+        )
 
     def forward(self, images: torch.Tensor) -> Any:
         """The model's output for raw images [B, C, H, W] (its input recipe applied)."""
@@ -109,8 +116,9 @@ class CapsuleModule(lightning.LightningModule):
         loss, parts = self.model.loss(out, x, labels)  # type: ignore[operator]
         n, sync = len(labels), stage != "train"
         self.log(f"{stage}_loss", loss, prog_bar=True, batch_size=n, sync_dist=sync)
-        self.log(f"{stage}_acc", (out.predictions == labels).float().mean(), prog_bar=True, batch_size=n,
-                 sync_dist=sync)  # fmt: skip
+        self.log(
+            f"{stage}_acc", (out.predictions == labels).float().mean(), prog_bar=True, batch_size=n, sync_dist=sync
+        )
         for name, value in (parts or {}).items():
             if isinstance(value, torch.Tensor) and value.numel() == 1:
                 self.log(f"{stage}_{name}", value, batch_size=n, sync_dist=sync)

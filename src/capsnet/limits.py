@@ -48,8 +48,10 @@ def array_too_large(elements: int, itemsize: int, file_bytes: int) -> str | None
     if elements > MAX_ARRAY_ELEMENTS:
         return f"{elements:,} values is more than the {MAX_ARRAY_ELEMENTS:,} one array may have (MAX_ARRAY_ELEMENTS)"
     if elements * itemsize > MAX_EXPANSION * max(file_bytes, 1 << 20):
-        return (f"{elements * itemsize:,} bytes declared by a file of {file_bytes:,} bytes (more than "
-                f"{MAX_EXPANSION} times its size: MAX_EXPANSION)")  # fmt: skip
+        return (
+            f"{elements * itemsize:,} bytes declared by a file of {file_bytes:,} bytes (more than "
+            f"{MAX_EXPANSION} times its size: MAX_EXPANSION)"
+        )
     return None
 
 

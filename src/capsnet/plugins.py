@@ -68,9 +68,11 @@ def plugins(group: str) -> dict[str, Plugin]:
         plugin = Plugin(group, ep.name, ep.value, f"{dist.name} {dist.version}" if dist is not None else "")
         other = found.setdefault(ep.name, plugin)
         if other.value != plugin.value:
-            raise PluginError(f"{group} plugin {ep.name!r} is declared twice: {other.value} "
-                              f"({other.distribution or '?'}) and {plugin.value} ({plugin.distribution or '?'}); "
-                              "uninstall one")  # fmt: skip
+            raise PluginError(
+                f"{group} plugin {ep.name!r} is declared twice: {other.value} "
+                f"({other.distribution or '?'}) and {plugin.value} ({plugin.distribution or '?'}); "
+                "uninstall one"
+            )
     return found
 
 
@@ -99,8 +101,10 @@ def plugin_modules() -> dict[str, str]:
 
 def missing(group: str, kind: str, name: str, known: list[str]) -> str:
     """The line for a `kind` ("routing", "model") `name` that is neither built in nor an installed plugin's."""
-    return (f"unknown {kind} {name!r}; known: {', '.join(known)} (nor does any installed plugin declare it: entry "
-            f"point group {group}; install the distribution that provides it)")  # fmt: skip
+    return (
+        f"unknown {kind} {name!r}; known: {', '.join(known)} (nor does any installed plugin declare it: entry "
+        f"point group {group}; install the distribution that provides it)"
+    )
 
 
 __all__ = [

@@ -24,8 +24,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, repeat: str | None =
     """--checkpoint and --pretrained: exactly one of them, or with `repeat` (its help text) each repeatable, at
     least one in all."""
     if repeat:
-        parser.add_argument("--checkpoint", action="append", default=[], metavar="PATH",
-                            help=f"{CHECKPOINT_HELP}; {repeat}")  # fmt: skip
+        parser.add_argument(
+            "--checkpoint", action="append", default=[], metavar="PATH", help=f"{CHECKPOINT_HELP}; {repeat}"
+        )
         parser.add_argument("--pretrained", action="append", default=[], metavar="NAME:TAG", help=PRETRAINED_HELP)
         return
     group = parser.add_mutually_exclusive_group(required=True)

@@ -21,8 +21,17 @@ from ..errors import ConfigError
 from ..training.config import TrainConfig
 
 # The TrainConfig fields every entry shares, as `capsnet train`'s flags.
-SHARED = ("dataset", "data_dir", "epochs", "train_subset", "test_subset", "val_fraction", "batch_size", "device",
-          "precision")  # fmt: skip
+SHARED = (
+    "dataset",
+    "data_dir",
+    "epochs",
+    "train_subset",
+    "test_subset",
+    "val_fraction",
+    "batch_size",
+    "device",
+    "precision",
+)
 DEFAULT_OUT = "runs/compare"
 
 
@@ -55,13 +64,21 @@ def register(subparsers) -> None:
         "parameters, training and inference img/s, peak memory and routing activity, as a Markdown table "
         "(OUT/compare.md) and rows of the results data (OUT/results.csv).",
     )
-    p.add_argument("--routings", type=_names, default=None,
-                   help=f"comma-separated --routing names for the paper's CapsNet: {', '.join(fully_connected())} or "
-                   "an installed plugin's (neither --routings nor --models: every built-in routing and every "
-                   "registered model)")  # fmt: skip
-    p.add_argument("--models", type=_names, default=None,
-                   help="comma-separated --model names, each with its defaults: `capsnet models` lists them, "
-                   "installed plugins' included")  # fmt: skip
+    p.add_argument(
+        "--routings",
+        type=_names,
+        default=None,
+        help=f"comma-separated --routing names for the paper's CapsNet: {', '.join(fully_connected())} or "
+        "an installed plugin's (neither --routings nor --models: every built-in routing and every "
+        "registered model)",
+    )
+    p.add_argument(
+        "--models",
+        type=_names,
+        default=None,
+        help="comma-separated --model names, each with its defaults: `capsnet models` lists them, "
+        "installed plugins' included",
+    )
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     hints = typing.get_type_hints(TrainConfig)
     group = p.add_argument_group("the settings every entry shares (as capsnet train's)")
@@ -70,12 +87,24 @@ def register(subparsers) -> None:
         if "(default" not in text:
             text = f"{text} (default: {field_default(fields[name])})"
         add_field_argument(group, name, hints[name], text)
-    group.add_argument("--seed", type=int, nargs="+", default=[fields["seed"].default], metavar="SEED",
-                       help="seeds: each entry trains once per seed; the rows give each seed's test accuracy, their "
-                       f"mean and std (default: {fields['seed'].default})")  # fmt: skip
-    group.add_argument("--option", type=_option, action="append", default=[], metavar="NAME=VALUE",
-                       help="a model config field (JSON value) for every entry whose config has it, e.g. "
-                       "--option conv_channels=64 (repeatable)")  # fmt: skip
+    group.add_argument(
+        "--seed",
+        type=int,
+        nargs="+",
+        default=[fields["seed"].default],
+        metavar="SEED",
+        help="seeds: each entry trains once per seed; the rows give each seed's test accuracy, their "
+        f"mean and std (default: {fields['seed'].default})",
+    )
+    group.add_argument(
+        "--option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a model config field (JSON value) for every entry whose config has it, e.g. "
+        "--option conv_channels=64 (repeatable)",
+    )
     p.add_argument("--out", default=DEFAULT_OUT, help=f"folder of the runs and reports (default: {DEFAULT_OUT})")
     p.add_argument("--infer-batch", type=int, default=100, help="batch of the batched inference speed (default: 100)")
     p.set_defaults(func=run)
@@ -90,10 +119,19 @@ def run(args: argparse.Namespace) -> int:
     found = entries(args.routings, args.models, dict(args.option))
     Path(args.out).mkdir(parents=True, exist_ok=True)  # (a path that cannot be a folder: one line, nothing trained)
     command = shlex.join(["capsnet", *sys.argv[1:]]) if sys.argv[1:2] == ["compare"] else "capsnet compare"
-    print(f"capsnet compare: {len(found)} entries x {len(args.seed)} seeds: {', '.join(e.label for e in found)}",
-          flush=True)  # fmt: skip
-    rows, failed = compare(found, settings=settings, seeds=args.seed, out=args.out, command=command,
-                           infer_batch=args.infer_batch, echo=lambda line: print(line, flush=True))  # fmt: skip
+    print(
+        f"capsnet compare: {len(found)} entries x {len(args.seed)} seeds: {', '.join(e.label for e in found)}",
+        flush=True,
+    )
+    rows, failed = compare(
+        found,
+        settings=settings,
+        seeds=args.seed,
+        out=args.out,
+        command=command,
+        infer_batch=args.infer_batch,
+        echo=lambda line: print(line, flush=True),
+    )
     if rows:
         print("\n" + (Path(args.out) / TABLE_NAME).read_text(encoding="utf-8"))
     for line in failed:

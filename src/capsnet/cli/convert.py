@@ -40,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     model = convert(args.format, args.weights, args.out, overwrite=args.overwrite, **options)
     cfg = model.config
     n = sum(p.numel() for p in model.parameters())
-    print(f"{args.weights}: {type(model).__name__} ({n:,} parameters, {cfg.in_channels}×{cfg.image_size}×"
-          f"{cfg.image_size} inputs, {cfg.n_classes} classes) -> {args.out}/")  # fmt: skip
+    print(
+        f"{args.weights}: {type(model).__name__} ({n:,} parameters, {cfg.in_channels}×{cfg.image_size}×"
+        f"{cfg.image_size} inputs, {cfg.n_classes} classes) -> {args.out}/"
+    )
     return 0

@@ -10,11 +10,17 @@ from .checkpoints import add_model_arguments, model_paths
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("evaluate")
-    add_model_arguments(p, repeat="repeat them to evaluate an ensemble that averages the capsule lengths (the "
-                        "paper's CIFAR-10 ensemble, §7)")  # fmt: skip
-    p.add_argument("--dataset", default=None,
-                   help="data set name or folder (default: the one the checkpoint was trained on, from its run's "
-                   "config.json or the shipped weights' card)")  # fmt: skip
+    add_model_arguments(
+        p,
+        repeat="repeat them to evaluate an ensemble that averages the capsule lengths (the "
+        "paper's CIFAR-10 ensemble, §7)",
+    )
+    p.add_argument(
+        "--dataset",
+        default=None,
+        help="data set name or folder (default: the one the checkpoint was trained on, from its run's "
+        "config.json or the shipped weights' card)",
+    )
     p.add_argument("--data-dir", default=None, help="folder holding the data set's files")
     p.add_argument("--split", choices=["test", "train"], default="test")
     p.add_argument("--batch-size", type=int, default=250)

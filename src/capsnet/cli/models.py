@@ -19,8 +19,12 @@ from ..errors import ConfigError
 def register(subparsers) -> None:
     p = subparsers.add_parser("models")
     p.add_argument("--json", action="store_true", help="print one JSON object per model (with --routings: routing)")
-    p.add_argument("--routings", action="store_true", dest="only_routings",
-                   help="list only the routings (`capsnet train --routing NAME`)")  # fmt: skip
+    p.add_argument(
+        "--routings",
+        action="store_true",
+        dest="only_routings",
+        help="list only the routings (`capsnet train --routing NAME`)",
+    )
     p.set_defaults(func=run)
 
 
@@ -56,17 +60,21 @@ def model_rows(failed: list[str] | None = None) -> list[dict]:
             model = cls()
         decoder = getattr(model, "decoder", None)
         total = sum(p.numel() for p in model.parameters())
-        rows.append({
-            "model": name,
-            "parameters": total,
-            "without_decoder": total - sum(p.numel() for p in decoder.parameters()) if decoder is not None else total,
-            "paper": getattr(cls, "paper", "-"),
-            "designed_for": getattr(cls, "designed_for", "-"),
-            "default_lr": cls.default_lr,
-            "aliases": MODELS.aliases(name),
-            "weights": shipped_tags(name),
-            "plugin": MODELS.plugin(name),
-        })  # fmt: skip
+        rows.append(
+            {
+                "model": name,
+                "parameters": total,
+                "without_decoder": total - sum(p.numel() for p in decoder.parameters())
+                if decoder is not None
+                else total,
+                "paper": getattr(cls, "paper", "-"),
+                "designed_for": getattr(cls, "designed_for", "-"),
+                "default_lr": cls.default_lr,
+                "aliases": MODELS.aliases(name),
+                "weights": shipped_tags(name),
+                "plugin": MODELS.plugin(name),
+            }
+        )
     return rows
 
 
@@ -80,8 +88,17 @@ def routing_rows(failed: list[str] | None = None) -> list[dict]:
             if failed is not None:
                 failed.append(str(e))
             continue
-        rows.append({"routing": name, "paper": r.paper, "iterations": r.iterations, "activations": r.activations,
-                     "fast_paths": list(r.fast_paths), "models": list(r.models), "plugin": r.plugin})  # fmt: skip
+        rows.append(
+            {
+                "routing": name,
+                "paper": r.paper,
+                "iterations": r.iterations,
+                "activations": r.activations,
+                "fast_paths": list(r.fast_paths),
+                "models": list(r.models),
+                "plugin": r.plugin,
+            }
+        )
     return rows
 
 
@@ -100,8 +117,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     width, paper = max(len(r["model"]) for r in rows), max(len(r["paper"]) for r in rows)
     designed = max(len(r["designed_for"]) for r in rows)
-    print(f"{'model':<{width}}  {'parameters':>11}  {'no decoder':>11}  {'paper':<{paper}}  "
-          f"{'designed for':<{designed}}  weights (--pretrained NAME:TAG)")  # fmt: skip
+    print(
+        f"{'model':<{width}}  {'parameters':>11}  {'no decoder':>11}  {'paper':<{paper}}  "
+        f"{'designed for':<{designed}}  weights (--pretrained NAME:TAG)"
+    )
     for r in rows:
         print(
             f"{r['model']:<{width}}  {r['parameters']:>11,}  {r['without_decoder']:>11,}  {r['paper']:<{paper}}  "

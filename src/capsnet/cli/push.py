@@ -50,8 +50,14 @@ def run(args: argparse.Namespace) -> int:
     folder, card = checkpoint_card(Path(args.checkpoint))
     model = load_pretrained(folder)  # (every check of a load, before anything goes up)
     text = render_card(card, repo_id=args.repo, model_type=model.model_type, config_file=folder / "config.json")
-    done = hf_hub.push_folder(folder, args.repo, card_text=text, revision=args.revision, private=args.private or None,
-                       commit_message=args.message)  # fmt: skip
+    done = hf_hub.push_folder(
+        folder,
+        args.repo,
+        card_text=text,
+        revision=args.revision,
+        private=args.private or None,
+        commit_message=args.message,
+    )
     print(f"pushed {folder} to {done['repo']}: commit {done['commit']} ({done['url']})")
     print(f"load it with --pretrained {done['ref']} (pinned), or hf-hub:{done['repo']} (the branch's latest)")
     return 0

@@ -163,8 +163,12 @@ def run_fashion(args: argparse.Namespace) -> int:
     plan = fashion_mnist.Plan(
         models=models or list(fashion_mnist.RECIPES),
         seeds=list(range(args.seed, args.seed + (args.seeds or 3))),
-        epochs=args.epochs, batch_size=args.batch_size, quick=args.quick, data_dir=args.dataset, device=args.device,
-    )  # fmt: skip
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        quick=args.quick,
+        data_dir=args.dataset,
+        device=args.device,
+    )
     resolve_device(args.device)
     for model in plan.models:
         config = plan.train_config(model, plan.seeds[0], fashion_mnist.run_dir(args.out, model, plan.seeds[0]))

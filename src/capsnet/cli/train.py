@@ -217,9 +217,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         config, model_config = configs_from_args(args)
     if args.val_fraction is not None and args.test_fraction is None and _single_folder(config.dataset):
-        print("capsnet train: --val-fraction now holds out validation images; a folder without a test split holds "
-              f"out --test-fraction (default {config.test_fraction}) of each class for testing (deprecated "
-              "meaning of --val-fraction)", file=sys.stderr)  # fmt: skip
+        print(
+            "capsnet train: --val-fraction now holds out validation images; a folder without a test split holds "
+            f"out --test-fraction (default {config.test_fraction}) of each class for testing (deprecated "
+            "meaning of --val-fraction)",
+            file=sys.stderr,
+        )
     result = train(config, model_config)
     if result.interrupted:
         return 128 + result.signal if result.signal else 130

@@ -33,9 +33,11 @@ class RecordedData:
     class_names: tuple[str, ...] = field(default=(), metadata={"help": "the training data's class names"})
     digits: bool = field(
         default=False,
-        metadata={"help": "raw images are digit-style ink images (white on black in a 20/28 box): predict converts "
-                  "image files so; set from the data set (capsnet.fit: its digits argument)"},
-    )  # fmt: skip
+        metadata={
+            "help": "raw images are digit-style ink images (white on black in a 20/28 box): predict converts "
+            "image files so; set from the data set (capsnet.fit: its digits argument)"
+        },
+    )
     source_size: tuple[int, ...] = field(
         default=(), metadata={"help": "[H, W] of the training images before cropping (empty: image_size)"}
     )
@@ -46,9 +48,11 @@ class RecordedData:
     )
     channel_standardize: bool = field(
         default=False,
-        metadata={"help": "per-channel standardization with the statistics of the split read (evaluate) or of the "
-                  "training split (channel_mean, channel_std: single images); set from the augmentation"},
-    )  # fmt: skip
+        metadata={
+            "help": "per-channel standardization with the statistics of the split read (evaluate) or of the "
+            "training split (channel_mean, channel_std: single images); set from the augmentation"
+        },
+    )
     channel_mean: tuple[float, ...] = field(
         default=(), metadata={"help": "the training split's per-channel pixel mean (with channel_standardize)"}
     )
@@ -70,8 +74,19 @@ class RecordedData:
 
 # The config fields that come from the training data rather than from the user: the input's shape and classes,
 # and RecordedData's. Training fills them in from the data set; a pretrained model keeps the ones it was saved with.
-DATA_FIELDS = ("in_channels", "image_size", "n_classes", "standardize", "class_names", "digits", "source_size",
-               "input_divisor", "channel_standardize", "channel_mean", "channel_std")  # fmt: skip
+DATA_FIELDS = (
+    "in_channels",
+    "image_size",
+    "n_classes",
+    "standardize",
+    "class_names",
+    "digits",
+    "source_size",
+    "input_divisor",
+    "channel_standardize",
+    "channel_mean",
+    "channel_std",
+)
 
 # What a config.json written before a RecordedData field existed meant by its absence: `digits` then defaulted to
 # true (every such run was trained on a digit set or recorded the field).

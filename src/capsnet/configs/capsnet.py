@@ -32,9 +32,11 @@ class CapsNetConfig(RecordedData):
     kernel_size: int = field(default=9, metadata={"help": "kernel of both convolutions"})
     padding: Literal["valid", "same"] = field(
         default="valid",
-        metadata={"help": "padding of both convolutions: valid (the paper's MNIST model) or same (zero padding "
-                  "kernel//2; the official code's CIFAR-10 setup, github.com/Sarasra/models research/capsules)"},
-    )  # fmt: skip
+        metadata={
+            "help": "padding of both convolutions: valid (the paper's MNIST model) or same (zero padding "
+            "kernel//2; the official code's CIFAR-10 setup, github.com/Sarasra/models research/capsules)"
+        },
+    )
     conv1_stride: int = field(
         default=1,
         metadata={
@@ -47,23 +49,29 @@ class CapsNetConfig(RecordedData):
     class_dim: int = field(default=16, metadata={"help": "class capsule dimension"})
     routing_iterations: int | None = field(
         default=None,
-        metadata={"help": "routing iterations r (default: the routing's own, e.g. dynamic 3, inverted-attention 2; "
-                  "ignored by a routing that does not iterate)"},
-    )  # fmt: skip
+        metadata={
+            "help": "routing iterations r (default: the routing's own, e.g. dynamic 3, inverted-attention 2; "
+            "ignored by a routing that does not iterate)"
+        },
+    )
     routing: str = field(default=DEFAULT_ROUTING, metadata={"help": routing_help()})
     detach_votes: bool = field(
         default=False, metadata={"help": "stop gradients through the votes in all but the last routing iteration"}
     )
     leaky_routing: bool = field(
         default=False,
-        metadata={"help": "the paper's §7 'none-of-the-above' routing: an extra zero logit in the softmax over the "
-                  "class capsules, its share dropped (the paper's CIFAR-10 model; dynamic routing only)"},
-    )  # fmt: skip
+        metadata={
+            "help": "the paper's §7 'none-of-the-above' routing: an extra zero logit in the softmax over the "
+            "class capsules, its share dropped (the paper's CIFAR-10 model; dynamic routing only)"
+        },
+    )
     capsule_bias: bool = field(
         default=False,
-        metadata={"help": "a learned bias per class capsule added before the squash (as the official code's "
-                  "capsule layers; dynamic routing only)"},
-    )  # fmt: skip
+        metadata={
+            "help": "a learned bias per class capsule added before the squash (as the official code's "
+            "capsule layers; dynamic routing only)"
+        },
+    )
     cluster_votes: int = field(
         default=8,
         metadata={"help": "votes K in each cluster of cluster routing (the authors' default 8; cluster routing only)"},
@@ -84,34 +92,44 @@ class CapsNetConfig(RecordedData):
     # The official TensorFlow code's choices (github.com/Sarasra/models, research/capsules; docs/fidelity.md).
     init: Literal["pytorch", "official"] = field(
         default="pytorch",
-        metadata={"help": "initialisation: pytorch (PyTorch's defaults, W_ij std 1/sqrt(n_primary)) or official "
-                  "(the TensorFlow code's: truncated normal std 0.05 for conv1, 0.1 for the primary kernel, W_ij "
-                  "and the decoder; every bias 0.1)"},
-    )  # fmt: skip
+        metadata={
+            "help": "initialisation: pytorch (PyTorch's defaults, W_ij std 1/sqrt(n_primary)) or official "
+            "(the TensorFlow code's: truncated normal std 0.05 for conv1, 0.1 for the primary kernel, W_ij "
+            "and the decoder; every bias 0.1)"
+        },
+    )
     primary_routing: bool = field(
         default=False,
-        metadata={"help": "the official code's one-iteration routing of the primary capsules: the convolution's "
-                  "output (not its bias) times 1/primary_types (1/(primary_types+1) with leaky routing)"},
-    )  # fmt: skip
+        metadata={
+            "help": "the official code's one-iteration routing of the primary capsules: the convolution's "
+            "output (not its bias) times 1/primary_types (1/(primary_types+1) with leaky routing)"
+        },
+    )
     # The official code's reduction is the default: no worse on the sample (docs/benchmarks.md), and it is what
     # produced the published figures; under Adam only its ratio to the reconstruction term matters.
     margin_reduction: Literal["sum", "half-mean"] = field(
         default="half-mean",
-        metadata={"help": "margin loss: half-mean (the official code's: ½ L_k averaged over the batch and the "
-                  "classes, Eq. 4 / 2n, so the reconstruction term weighs 2n times more than with sum) or sum "
-                  "over the classes, averaged over the batch (Eq. 4 as printed)"},
-    )  # fmt: skip
+        metadata={
+            "help": "margin loss: half-mean (the official code's: ½ L_k averaged over the batch and the "
+            "classes, Eq. 4 / 2n, so the reconstruction term weighs 2n times more than with sum) or sum "
+            "over the classes, averaged over the batch (Eq. 4 as printed)"
+        },
+    )
     # Layouts of other implementations, for their converted weights (capsnet.models.converters).
     primary_grouping: Literal["types", "flat"] = field(
         default="types",
-        metadata={"help": "primary capsules: one per type and location (paper) or flat (D consecutive values of the "
-                  "flattened conv map, XifengGuo/CapsNet-Pytorch's layout)"},
-    )  # fmt: skip
+        metadata={
+            "help": "primary capsules: one per type and location (paper) or flat (D consecutive values of the "
+            "flattened conv map, XifengGuo/CapsNet-Pytorch's layout)"
+        },
+    )
     coupling: Literal["outputs", "inputs"] = field(
         default="outputs",
-        metadata={"help": "axis of the coupling softmax (Eq. 3): outputs (paper) or inputs (gram-ai/"
-                  "capsule-networks' computation; dynamic routing only)"},
-    )  # fmt: skip
+        metadata={
+            "help": "axis of the coupling softmax (Eq. 3): outputs (paper) or inputs (gram-ai/"
+            "capsule-networks' computation; dynamic routing only)"
+        },
+    )
 
     def __post_init__(self) -> None:
         record = routing_record(self.routing)  # (a plugin's routing is loaded here)
@@ -148,8 +166,10 @@ class CapsNetConfig(RecordedData):
             raise ConfigError("leaky routing is a softmax over the outputs: it needs coupling='outputs'")
         if min(self.primary_hw) < 1:
             k, (h, w) = self.kernel_size, image_hw(self.image_size)
-            raise ConfigError(f"images of {h}x{w} are too small for two {k}x{k} {self.padding} convolutions "
-                              f"(conv1 stride {self.conv1_stride}, primary stride 2)")  # fmt: skip
+            raise ConfigError(
+                f"images of {h}x{w} are too small for two {k}x{k} {self.padding} convolutions "
+                f"(conv1 stride {self.conv1_stride}, primary stride 2)"
+            )
 
     def _check_routing_options(self, record: RoutingRecord) -> None:
         """ConfigError for a routing option (a field some routing's record lists) that `record`'s routing does not
@@ -162,9 +182,11 @@ class CapsNetConfig(RecordedData):
             whose = f"options of {', '.join(takers)} routing (routing='{takers[0]}')" if takers else "not options"
             raise ConfigError(f"{', '.join(foreign)}: {whose}, not of routing {self.routing!r}")
         if record.out_dims and self.class_dim not in record.out_dims:
-            raise ConfigError(f"routing {self.routing!r} routes to class capsules of "
-                              f"{' or '.join(map(str, record.out_dims))} dimensions: --class-dim "
-                              f"{record.out_dims[0]}, not {self.class_dim}")  # fmt: skip
+            raise ConfigError(
+                f"routing {self.routing!r} routes to class capsules of "
+                f"{' or '.join(map(str, record.out_dims))} dimensions: --class-dim "
+                f"{record.out_dims[0]}, not {self.class_dim}"
+            )
 
     @property
     def primary_hw(self) -> tuple[int, int]:

@@ -56,8 +56,10 @@ class DeepCapsConfig(RecordedData):
             raise ConfigError(f"recon_weight must be >= 0, got {self.recon_weight}")
         ups = 2 ** (len(self.decoder_channels) - 1)
         if self.decoder and (not self.decoder_channels or min(self.decoder_channels) < 1 or self.image_size % ups):
-            raise ConfigError(f"the decoder's {len(self.decoder_channels)} transposed convolutions upsample by "
-                              f"{ups}: image_size {self.image_size} must be a multiple of it")  # fmt: skip
+            raise ConfigError(
+                f"the decoder's {len(self.decoder_channels)} transposed convolutions upsample by "
+                f"{ups}: image_size {self.image_size} must be a multiple of it"
+            )
 
     def grids(self) -> list[int]:
         """The side of each cell's grid ("same" padding, stride 2: ⌈n/2⌉ per cell)."""

@@ -84,11 +84,15 @@ class EfficientCapsNetConfig(RecordedData):
         check_loss_options(self)
         layers = (self.backbone_channels, self.backbone_kernels, self.backbone_strides)
         if not self.backbone_channels or len(set(map(len, layers))) != 1 or min(min(x) for x in layers) < 1:
-            raise ConfigError("backbone_channels, backbone_kernels and backbone_strides need one positive value "
-                              "per convolution, as many of each")  # fmt: skip
+            raise ConfigError(
+                "backbone_channels, backbone_kernels and backbone_strides need one positive value "
+                "per convolution, as many of each"
+            )
         if self.backbone_channels[-1] % self.primary_dim:
-            raise ConfigError(f"the last backbone channels ({self.backbone_channels[-1]}) must be a multiple of "
-                              f"primary_dim ({self.primary_dim})")  # fmt: skip
+            raise ConfigError(
+                f"the last backbone channels ({self.backbone_channels[-1]}) must be a multiple of "
+                f"primary_dim ({self.primary_dim})"
+            )
         if not (self.norm_eps > 0 and 0 <= self.norm_momentum <= 1 and self.length_eps >= 0):
             raise ConfigError("need norm_eps > 0, 0 <= norm_momentum <= 1 and length_eps >= 0")
         if self.feature_size < 1:
@@ -132,9 +136,13 @@ class EfficientCapsNetConfig(RecordedData):
         connected decoder to 36×36, and each digit's reconstruction weighted 0.392 / 2 (their loss weights);
         their MultiMNIST pixels are ÷ 255 (utils/pre_process_multimnist.py)."""
         preset = dict(
-            image_size=36, backbone_strides=(1, 1, 2, 2), primary_kernel=5, primary_stride=2, recon_weight=0.196,
+            image_size=36,
+            backbone_strides=(1, 1, 2, 2),
+            primary_kernel=5,
+            primary_stride=2,
+            recon_weight=0.196,
             input_divisor=255.0,
-        )  # fmt: skip
+        )
         return cls(**{**preset, **overrides})
 
 

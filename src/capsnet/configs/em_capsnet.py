@@ -55,8 +55,18 @@ class EMCapsNetConfig(RecordedData):
     )
 
     def __post_init__(self) -> None:
-        ints = ("in_channels", "image_size", "n_classes", "conv_channels", "conv_kernel", "primary_types",
-                "caps1_types", "caps2_types", "routing_iterations", "margin_anneal_steps")  # fmt: skip
+        ints = (
+            "in_channels",
+            "image_size",
+            "n_classes",
+            "conv_channels",
+            "conv_kernel",
+            "primary_types",
+            "caps1_types",
+            "caps2_types",
+            "routing_iterations",
+            "margin_anneal_steps",
+        )
         for name in ints:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -32,9 +32,11 @@ class HeinsenCapsNetConfig(RecordedData):
     )
     conv_padding: int | None = field(
         default=None,
-        metadata={"help": "zero padding of the 3x3 convolutions: 0 (the authors', on 96x96) or 1; default: 0 where "
-                  "the image is 29 px or more, else 1 (28x28 digits are one pixel too small for the authors' stem)"},
-    )  # fmt: skip
+        metadata={
+            "help": "zero padding of the 3x3 convolutions: 0 (the authors', on 96x96) or 1; default: 0 where "
+            "the image is 29 px or more, else 1 (28x28 digits are one pixel too small for the authors' stem)"
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in ("in_channels", "image_size", "conv_channels", "n_parts", "routing_iterations"):
@@ -48,8 +50,10 @@ class HeinsenCapsNetConfig(RecordedData):
             raise ConfigError(f"conv_padding must be 0 or 1, got {self.conv_padding}")
         self._check_recorded(self.n_classes)
         if self.grid_side(self.padding) < 1:
-            raise ConfigError(f"images of {self.image_size}x{self.image_size} are too small for six 3x3 "
-                              f"convolutions with padding {self.padding}")  # fmt: skip
+            raise ConfigError(
+                f"images of {self.image_size}x{self.image_size} are too small for six 3x3 "
+                f"convolutions with padding {self.padding}"
+            )
 
     @property
     def padding(self) -> int:

@@ -34,18 +34,22 @@ class HVCCapsNetConfig(RecordedData):
     )
     capsule_layout: Literal["position", "filter"] = field(
         default="position",
-        metadata={"help": "primary capsules of a branch: position (the C channels at each position, the authors' "
-                          "2021 code) or filter (each feature map one H*W capsule, the arXiv v1-v5 network)"},
-    )  # fmt: skip
+        metadata={
+            "help": "primary capsules of a branch: position (the C channels at each position, the authors' "
+            "2021 code) or filter (each feature map one H*W capsule, the arXiv v1-v5 network)"
+        },
+    )
     branch_merge: Literal["learned", "equal"] = field(
         default="learned",
         metadata={"help": "branch weights: learned from 1 (the paper's best) or fixed equal weights"},
     )
     bn_momentum: float = field(
         default=0.1,
-        metadata={"help": "BatchNorm running-statistics momentum; the authors' 0.0003 (decay 0.9997) goes with their "
-                          "evaluation of averaged weights, which capsnet does not keep (docs/fidelity.md)"},
-    )  # fmt: skip
+        metadata={
+            "help": "BatchNorm running-statistics momentum; the authors' 0.0003 (decay 0.9997) goes with their "
+            "evaluation of averaged weights, which capsnet does not keep (docs/fidelity.md)"
+        },
+    )
 
     def __post_init__(self) -> None:
         self.channels, self.branches_after = tuple(self.channels), tuple(self.branches_after)
@@ -62,8 +66,9 @@ class HVCCapsNetConfig(RecordedData):
             raise ConfigError("channels must be a non-empty list of positive channel counts")
         after = self.branches_after
         if not after or list(after) != sorted(set(after)) or after[0] < 1 or after[-1] > len(self.channels):
-            raise ConfigError(f"branches_after must be increasing convolution numbers in 1..{len(self.channels)}, "
-                              f"got {list(after)}")  # fmt: skip
+            raise ConfigError(
+                f"branches_after must be increasing convolution numbers in 1..{len(self.channels)}, got {list(after)}"
+            )
         if not 0 < self.bn_momentum <= 1:
             raise ConfigError(f"bn_momentum must be in (0, 1], got {self.bn_momentum}")
         if min(self.feature_hw(len(self.channels))) < 1:

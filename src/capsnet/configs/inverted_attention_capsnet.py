@@ -37,9 +37,11 @@ class InvertedAttentionCapsNetConfig(RecordedData):
     # Eq. 2 of the paper has no factor; the authors' released code multiplies the agreement by 1/√d (0.25 here).
     agreement_scale: float | None = field(
         default=None,
-        metadata={"help": "factor on the agreement p_j.v_ij (unset: 1/sqrt(pose_dim), the authors' code, 0.25 for "
-                  "4x4 poses; 1: Eq. 2 as the paper prints it)"},
-    )  # fmt: skip
+        metadata={
+            "help": "factor on the agreement p_j.v_ij (unset: 1/sqrt(pose_dim), the authors' code, 0.25 for "
+            "4x4 poses; 1: Eq. 2 as the paper prints it)"
+        },
+    )
     backbone: Literal["simple", "resnet"] = field(
         default="simple",
         metadata={"help": "simple (one 3x3 stride-2 convolution) or resnet (the authors' ResNet backbone)"},
@@ -48,19 +50,31 @@ class InvertedAttentionCapsNetConfig(RecordedData):
         default=(), metadata={"help": "per-channel mean subtracted from the [0, 1] input (empty: none)"}
     )
     input_std: tuple[float, ...] = field(
-        default=(), metadata={"help": "per-channel std the input is divided by (the authors' CIFAR-10: "
-                              "0.2023 0.1994 0.2010 with mean 0.4914 0.4822 0.4465)"},
-    )  # fmt: skip
+        default=(),
+        metadata={
+            "help": "per-channel std the input is divided by (the authors' CIFAR-10: "
+            "0.2023 0.1994 0.2010 with mean 0.4914 0.4822 0.4465)"
+        },
+    )
     conv_windows: Literal["true", "released"] = field(
         default="true",
-        metadata={"help": "windows of the conv capsule layers: true (the paper) or released (the authors' code's "
-                  "expansion, which mixes locations; for their converted checkpoints)"},
-    )  # fmt: skip
+        metadata={
+            "help": "windows of the conv capsule layers: true (the paper) or released (the authors' code's "
+            "expansion, which mixes locations; for their converted checkpoints)"
+        },
+    )
 
     def __post_init__(self) -> None:
         self.capsule_types, self.capsule_strides = tuple(self.capsule_types), tuple(self.capsule_strides)
-        names = ("in_channels", "image_size", "n_classes", "stem_channels", "primary_types", "pose_dim",
-                 "routing_iterations")  # fmt: skip
+        names = (
+            "in_channels",
+            "image_size",
+            "n_classes",
+            "stem_channels",
+            "primary_types",
+            "pose_dim",
+            "routing_iterations",
+        )
         for name in names:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -68,8 +82,10 @@ class InvertedAttentionCapsNetConfig(RecordedData):
             raise ConfigError(f"agreement_scale must be > 0, got {self.agreement_scale}")
         self.input_mean, self.input_std = tuple(self.input_mean), tuple(self.input_std)
         if len(self.input_mean) != len(self.input_std) or len(self.input_mean) not in (0, self.in_channels):
-            raise ConfigError(f"input_mean and input_std need one value per input channel ({self.in_channels}), "
-                              f"got {len(self.input_mean)} and {len(self.input_std)}")  # fmt: skip
+            raise ConfigError(
+                f"input_mean and input_std need one value per input channel ({self.in_channels}), "
+                f"got {len(self.input_mean)} and {len(self.input_std)}"
+            )
         if self.input_std and min(self.input_std) <= 0:
             raise ConfigError(f"input_std must be > 0, got {list(self.input_std)}")
         check_capsule_layers(self)

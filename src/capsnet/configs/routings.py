@@ -64,89 +64,148 @@ DEFAULT_ROUTING = "dynamic"  # CapsNetConfig.routing's default: the paper's
 
 _WEIGHT_STD = {"router_init_std": "weight_std"}
 
-ROUTINGS: dict[str, RoutingRecord] = {r.name: r for r in [
-    RoutingRecord(
-        name="dynamic", layer="capsnet.routing.dynamic:Router", method="dynamic routing", classes=("Router",),
-        paper="Sabour, Frosst & Hinton, NeurIPS 2017",
-        equations="û = W u; c = softmax_j(b); s_j = Σ_i c_ij û_j|i; v = squash(s); b += û·v; r iterations",
-        iterations=3, fast_paths=("cpp", "triton", "gemm"),
-        options={"detach_votes": "detach_votes", "leaky_routing": "leaky", "capsule_bias": "bias",
-                 "coupling": "coupling", **_WEIGHT_STD},
-    ),
-    RoutingRecord(
-        name="self-attention", layer="capsnet.routing.registry:self_attention_layer",
-        method="self-attention routing", classes=("SelfAttentionRouter",),
-        paper="Mazzia, Salvetti & Chiaberge, Sci. Rep. 2021 (Efficient-CapsNet)",
-        equations="û = W u; A_j = Û_j Û_jᵀ/√d; c = softmax_j(Σ_k A_j[i, k]); s_j = Σ_i û_ij (c_ij + b_ij); "
-                  "v = (1 − e^{−|s|}) s/|s|",
-        options=dict(_WEIGHT_STD), models=("efficient-capsnet",),
-    ),
-    RoutingRecord(
-        name="inverted-attention", layer="capsnet.routing.inverted_attention:InvertedAttentionFC",
-        method="inverted dot-product attention", classes=("InvertedAttentionFC", "InvertedAttentionConv"),
-        paper="Tsai, Srivastava, Goh & Salakhutdinov, ICLR 2020",
-        equations="v = W p; p_j ← 0; a_ij = p_jᵀ v_ij; r = softmax_j(a); p_j = LayerNorm(Σ_i r_ij v_ij); layers "
-                  "routed concurrently",
-        iterations=2, probability="classifier", fast_paths=("cpp",), models=("inverted-attention-capsnet",),
-    ),
-    RoutingRecord(
-        name="self-routing", layer="capsnet.routing.registry:self_routing_layer", method="self-routing",
-        classes=("SelfRoutingFC", "SelfRoutingConv"), paper="Hahn, Pyeon & Kim, NeurIPS 2019",
-        equations="c = softmax_j(W^route u_i), W^route = 0 at start; a_j = Σ_i c_ij a_i / Σ_i a_i; "
-                  "u_j = Σ_i c_ij a_i û_j|i / Σ_i c_ij a_i; no iterations",
-        activations=True, probability="activation", fast_paths=("gemm",), models=("self-routing-capsnet",),
-    ),
-    RoutingRecord(
-        name="em", layer="capsnet.routing.em_fc:EMRoutingFC", method="EM routing",
-        classes=("EMRoutingFC", "ConvCaps", "ClassCaps"), paper="Hinton, Sabour & Frosst, ICLR 2018",
-        equations="V_ij = W_ij u_i (4×4 poses: M_i W_ij); M-step: μ_j, σ²_j of the votes weighted by R_ij a_i, "
-                  "a_j = sigmoid(λ(β_a − Σ_h (β_u + log σ_jh) Σ_i R_ij a_i)); E-step: R_ij ∝ a_j N(V_ij; μ_j, σ²_j); "
-                  "r iterations",
-        iterations=3, activations=True, probability="activation", options=dict(_WEIGHT_STD), out_dims=(16,),
-        models=("em-capsnet",),
-    ),
-    RoutingRecord(
-        name="heinsen", layer="capsnet.routing.heinsen:HeinsenRouting", method="Heinsen routing",
-        classes=("HeinsenRouting",), paper="Heinsen, arXiv:1911.00792, 2019 (Routing Capsules in All Domains)",
-        equations="V_ij = μ_i W_ij + B_ij; R_ij = softmax_j(log f(a_j) + log p_ij), 1/J at first; D^use = f(a_i) R, "
-                  "D^ign = f(a_i) − D^use; a_j = Σ_i β^use D^use − β^ign D^ign; μ_j, σ²_j of V weighted by D^use; "
-                  "r iterations",
-        iterations=3, activations=True, probability="activation", models=("heinsen-capsnet",),
-    ),
-    RoutingRecord(
-        name="heinsen-vector", layer="capsnet.routing.heinsen_vector:HeinsenVectorRouting",
-        method="Heinsen vector routing", classes=("HeinsenVectorRouting",),
-        paper="Heinsen, arXiv:2211.11754, 2022 (Routing Vectors in Sequences)",
-        equations="a_i = W_A x_i; R_ij = softmax_j(log f(x_i · x̂_j W^S + B^S)), x̂_j = G(x_j), 1/J at first; "
-                  "φ = β^use f(a_i) R − β^ign f(a_i)(1 − R); x_j = Σ_i φ_ij F_j(x_i); N(x_j); any length, masks",
-        iterations=2, probability="classifier",
-    ),
-    RoutingRecord(
-        name="cluster", layer="capsnet.routing.cluster:ClusterRoutingFC", method="non-iterative cluster routing",
-        classes=("ClusterRoutingFC", "ClusterRoutingConv"), paper="Zhao & Cheng, Neural Networks 2021",
-        equations="V^k_ij = W^k_ij u_i + b^k_ij, k = 1..K; μ_ij, σ_ij mean and std of the K votes, per dimension; "
-                  "c_ij = softmax_i(−log σ_ij); v_j = LayerNorm(Σ_i c_ij μ_ij); no iterations",
-        probability="classifier", fast_paths=("gemm",), options={"cluster_votes": "votes"},
-        models=("cluster-capsnet",),
-    ),
-    RoutingRecord(
-        name="variational-bayes", layer="capsnet.routing.vb_fc:VBRoutingFC", method="variational Bayes routing",
-        classes=("VBRoutingFC", "VBConvCaps", "VBClassCaps"), paper="Ribeiro, Leontidis & Kollias, AAAI 2020",
-        equations="V_ij = W_ij u_i (4×4 poses: M_i W_ij); q(π, μ, Λ): R_j = Σ_i R_ij a_i, α_j, κ_j, ν_j = prior + R_j, "
-                  "m_j = Σ_i R_ij a_i V_ij / κ_j, Ψ_j⁻¹ = Ψ0⁻¹ + scatter; q(z): R_ij ∝ exp(E[ln π_j] + ½E[ln|Λ_j|] − "
-                  "½E[(V_ij − μ_j)ᵀΛ_j(V_ij − μ_j)]); a_j = sigmoid(BN(β_a − E[π_j] H[q(μ_j, Λ_j)] − β_u)); "
-                  "r iterations",
-        iterations=3, activations=True, probability="activation", options=dict(_WEIGHT_STD),
-        models=("vb-capsnet",),
-    ),
-    RoutingRecord(
-        name="3d", layer=None, method="3D dynamic routing", classes=("ConvCaps3D",),
-        paper="Rajasegaran et al., CVPR 2019 (DeepCaps)",
-        equations="V_i = W ∗ u_i (one 3D convolution shared by the input types); k_i = softmax_3D(b_i) over "
-                  "(types, H, W); S = Σ_i k_i V_i + β; v = squash_3D(S); b_i += V_i · v; r iterations",
-        iterations=3, models=("deepcaps",),
-    ),
-]}  # fmt: skip
+ROUTINGS: dict[str, RoutingRecord] = {
+    r.name: r
+    for r in [
+        RoutingRecord(
+            name="dynamic",
+            layer="capsnet.routing.dynamic:Router",
+            method="dynamic routing",
+            classes=("Router",),
+            paper="Sabour, Frosst & Hinton, NeurIPS 2017",
+            equations="û = W u; c = softmax_j(b); s_j = Σ_i c_ij û_j|i; v = squash(s); b += û·v; r iterations",
+            iterations=3,
+            fast_paths=("cpp", "triton", "gemm"),
+            options={
+                "detach_votes": "detach_votes",
+                "leaky_routing": "leaky",
+                "capsule_bias": "bias",
+                "coupling": "coupling",
+                **_WEIGHT_STD,
+            },
+        ),
+        RoutingRecord(
+            name="self-attention",
+            layer="capsnet.routing.registry:self_attention_layer",
+            method="self-attention routing",
+            classes=("SelfAttentionRouter",),
+            paper="Mazzia, Salvetti & Chiaberge, Sci. Rep. 2021 (Efficient-CapsNet)",
+            equations="û = W u; A_j = Û_j Û_jᵀ/√d; c = softmax_j(Σ_k A_j[i, k]); s_j = Σ_i û_ij (c_ij + b_ij); "
+            "v = (1 − e^{−|s|}) s/|s|",
+            options=dict(_WEIGHT_STD),
+            models=("efficient-capsnet",),
+        ),
+        RoutingRecord(
+            name="inverted-attention",
+            layer="capsnet.routing.inverted_attention:InvertedAttentionFC",
+            method="inverted dot-product attention",
+            classes=("InvertedAttentionFC", "InvertedAttentionConv"),
+            paper="Tsai, Srivastava, Goh & Salakhutdinov, ICLR 2020",
+            equations="v = W p; p_j ← 0; a_ij = p_jᵀ v_ij; r = softmax_j(a); p_j = LayerNorm(Σ_i r_ij v_ij); layers "
+            "routed concurrently",
+            iterations=2,
+            probability="classifier",
+            fast_paths=("cpp",),
+            models=("inverted-attention-capsnet",),
+        ),
+        RoutingRecord(
+            name="self-routing",
+            layer="capsnet.routing.registry:self_routing_layer",
+            method="self-routing",
+            classes=("SelfRoutingFC", "SelfRoutingConv"),
+            paper="Hahn, Pyeon & Kim, NeurIPS 2019",
+            equations="c = softmax_j(W^route u_i), W^route = 0 at start; a_j = Σ_i c_ij a_i / Σ_i a_i; "
+            "u_j = Σ_i c_ij a_i û_j|i / Σ_i c_ij a_i; no iterations",
+            activations=True,
+            probability="activation",
+            fast_paths=("gemm",),
+            models=("self-routing-capsnet",),
+        ),
+        RoutingRecord(
+            name="em",
+            layer="capsnet.routing.em_fc:EMRoutingFC",
+            method="EM routing",
+            classes=("EMRoutingFC", "ConvCaps", "ClassCaps"),
+            paper="Hinton, Sabour & Frosst, ICLR 2018",
+            equations="V_ij = W_ij u_i (4×4 poses: M_i W_ij); M-step: μ_j, σ²_j of the votes weighted by R_ij a_i, "
+            "a_j = sigmoid(λ(β_a − Σ_h (β_u + log σ_jh) Σ_i R_ij a_i)); E-step: R_ij ∝ a_j N(V_ij; μ_j, σ²_j); "
+            "r iterations",
+            iterations=3,
+            activations=True,
+            probability="activation",
+            options=dict(_WEIGHT_STD),
+            out_dims=(16,),
+            models=("em-capsnet",),
+        ),
+        RoutingRecord(
+            name="heinsen",
+            layer="capsnet.routing.heinsen:HeinsenRouting",
+            method="Heinsen routing",
+            classes=("HeinsenRouting",),
+            paper="Heinsen, arXiv:1911.00792, 2019 (Routing Capsules in All Domains)",
+            equations="V_ij = μ_i W_ij + B_ij; R_ij = softmax_j(log f(a_j) + log p_ij), 1/J at first; "
+            "D^use = f(a_i) R, D^ign = f(a_i) − D^use; a_j = Σ_i β^use D^use − β^ign D^ign; "
+            "μ_j, σ²_j of V weighted by D^use; "
+            "r iterations",
+            iterations=3,
+            activations=True,
+            probability="activation",
+            models=("heinsen-capsnet",),
+        ),
+        RoutingRecord(
+            name="heinsen-vector",
+            layer="capsnet.routing.heinsen_vector:HeinsenVectorRouting",
+            method="Heinsen vector routing",
+            classes=("HeinsenVectorRouting",),
+            paper="Heinsen, arXiv:2211.11754, 2022 (Routing Vectors in Sequences)",
+            equations="a_i = W_A x_i; R_ij = softmax_j(log f(x_i · x̂_j W^S + B^S)), x̂_j = G(x_j), 1/J at first; "
+            "φ = β^use f(a_i) R − β^ign f(a_i)(1 − R); x_j = Σ_i φ_ij F_j(x_i); N(x_j); any length, masks",
+            iterations=2,
+            probability="classifier",
+        ),
+        RoutingRecord(
+            name="cluster",
+            layer="capsnet.routing.cluster:ClusterRoutingFC",
+            method="non-iterative cluster routing",
+            classes=("ClusterRoutingFC", "ClusterRoutingConv"),
+            paper="Zhao & Cheng, Neural Networks 2021",
+            equations="V^k_ij = W^k_ij u_i + b^k_ij, k = 1..K; μ_ij, σ_ij mean and std of the K votes, per dimension; "
+            "c_ij = softmax_i(−log σ_ij); v_j = LayerNorm(Σ_i c_ij μ_ij); no iterations",
+            probability="classifier",
+            fast_paths=("gemm",),
+            options={"cluster_votes": "votes"},
+            models=("cluster-capsnet",),
+        ),
+        RoutingRecord(
+            name="variational-bayes",
+            layer="capsnet.routing.vb_fc:VBRoutingFC",
+            method="variational Bayes routing",
+            classes=("VBRoutingFC", "VBConvCaps", "VBClassCaps"),
+            paper="Ribeiro, Leontidis & Kollias, AAAI 2020",
+            equations="V_ij = W_ij u_i (4×4 poses: M_i W_ij); q(π, μ, Λ): R_j = Σ_i R_ij a_i, "
+            "α_j, κ_j, ν_j = prior + R_j, m_j = Σ_i R_ij a_i V_ij / κ_j, Ψ_j⁻¹ = Ψ0⁻¹ + scatter; "
+            "q(z): R_ij ∝ exp(E[ln π_j] + ½E[ln|Λ_j|] − "
+            "½E[(V_ij − μ_j)ᵀΛ_j(V_ij − μ_j)]); a_j = sigmoid(BN(β_a − E[π_j] H[q(μ_j, Λ_j)] − β_u)); "
+            "r iterations",
+            iterations=3,
+            activations=True,
+            probability="activation",
+            options=dict(_WEIGHT_STD),
+            models=("vb-capsnet",),
+        ),
+        RoutingRecord(
+            name="3d",
+            layer=None,
+            method="3D dynamic routing",
+            classes=("ConvCaps3D",),
+            paper="Rajasegaran et al., CVPR 2019 (DeepCaps)",
+            equations="V_i = W ∗ u_i (one 3D convolution shared by the input types); k_i = softmax_3D(b_i) over "
+            "(types, H, W); S = Σ_i k_i V_i + β; v = squash_3D(S); b_i += V_i · v; r iterations",
+            iterations=3,
+            models=("deepcaps",),
+        ),
+    ]
+}
 
 
 def fully_connected() -> list[str]:
@@ -183,22 +242,32 @@ def plugin_record(name: str, value: str, layer: Any, distribution: str) -> Routi
     activations = bool(getattr(layer, "activations", False))
     probability: Probability = getattr(layer, "probability", "activation" if activations else "length")
     if probability not in ("length", "activation", "classifier"):
-        raise ConfigError(f"routing plugin {name!r}: probability must be length, activation or classifier, got "
-                          f"{probability!r}")  # fmt: skip
+        raise ConfigError(
+            f"routing plugin {name!r}: probability must be length, activation or classifier, got {probability!r}"
+        )
     iterations = getattr(layer, "default_iterations", None)
     return RoutingRecord(
-        name=name, layer=value, method=name, paper=str(getattr(layer, "paper", "-")),
-        equations=str(getattr(layer, "equations", "")), classes=(getattr(layer, "__name__", value),),
-        iterations=None if iterations is None else int(iterations), activations=activations, probability=probability,
-        fast_paths=tuple(getattr(layer, "fast_paths", ())), plugin=distribution or "a plugin",
-    )  # fmt: skip
+        name=name,
+        layer=value,
+        method=name,
+        paper=str(getattr(layer, "paper", "-")),
+        equations=str(getattr(layer, "equations", "")),
+        classes=(getattr(layer, "__name__", value),),
+        iterations=None if iterations is None else int(iterations),
+        activations=activations,
+        probability=probability,
+        fast_paths=tuple(getattr(layer, "fast_paths", ())),
+        plugin=distribution or "a plugin",
+    )
 
 
 def routing_help() -> str:
     """`--routing`'s help: the built-in routings with their papers, and where the plugins' come from."""
     listed = "; ".join(f"{r.name} ({r.paper})" for r in ROUTINGS.values() if r.layer is not None)
-    return (f"routing of the class capsules: {listed}; or an installed plugin's (entry point group {ROUTING_GROUP}; "
-            f"`capsnet models` lists them) (default: {DEFAULT_ROUTING})")  # fmt: skip
+    return (
+        f"routing of the class capsules: {listed}; or an installed plugin's (entry point group {ROUTING_GROUP}; "
+        f"`capsnet models` lists them) (default: {DEFAULT_ROUTING})"
+    )
 
 
 def routing_table() -> str:
@@ -207,8 +276,10 @@ def routing_table() -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
 
-    rows = ["| method | paper | equations | iterations | activations | fast paths | flag |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    rows = [
+        "| method | paper | equations | iterations | activations | fast paths | flag |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in ROUTINGS.values():
         classes = ", ".join(f"`{c}`" for c in r.classes)
         flags = [f"`--routing {r.name}`" + (" (default)" if r.name == DEFAULT_ROUTING else "")] if r.layer else []

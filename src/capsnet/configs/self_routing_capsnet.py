@@ -28,16 +28,20 @@ class SelfRoutingCapsNetConfig(RecordedData):
     resnet_blocks: int = field(default=3, metadata={"help": "basic blocks per ResNet stage (3: ResNet-20)"})
     shortcut: Literal["identity", "projection"] = field(
         default="identity",
-        metadata={"help": "ResNet shortcut where the shape changes: zero-padded identity (He et al.'s option A, "
-                          "the authors' code) or 1x1 convolution + BatchNorm (option B)"},
-    )  # fmt: skip
+        metadata={
+            "help": "ResNet shortcut where the shape changes: zero-padded identity (He et al.'s option A, "
+            "the authors' code) or 1x1 convolution + BatchNorm (option B)"
+        },
+    )
     primary_types: int = field(default=32, metadata={"help": "primary capsule types"})
     pose_dim: int = field(default=16, metadata={"help": "capsule pose size (a square: 16 = 4x4 matrices)"})
     primary_batchnorm: bool = field(
         default=True,
-        metadata={"help": "BatchNorm on the primary poses, convolutions without bias (the authors' code); "
-                          "--no-primary-batchnorm: a biased pose convolution without it"},
-    )  # fmt: skip
+        metadata={
+            "help": "BatchNorm on the primary poses, convolutions without bias (the authors' code); "
+            "--no-primary-batchnorm: a biased pose convolution without it"
+        },
+    )
     capsule_types: tuple[int, ...] = field(
         default=(), metadata={"help": "types of each conv capsule layer before the class capsules (authors: none)"}
     )
@@ -54,8 +58,9 @@ class SelfRoutingCapsNetConfig(RecordedData):
         if self.shortcut not in ("identity", "projection"):
             raise ConfigError(f"shortcut must be 'identity' or 'projection', got {self.shortcut!r}")
         if self.shortcut == "identity" and any(b < a for a, b in zip(self.resnet_widths, self.resnet_widths[1:])):
-            raise ConfigError("identity shortcuts zero-pad channels: resnet_widths must not decrease "
-                              "(or use shortcut 'projection')")  # fmt: skip
+            raise ConfigError(
+                "identity shortcuts zero-pad channels: resnet_widths must not decrease (or use shortcut 'projection')"
+            )
         check_capsule_layers(self)
         self._check_recorded(self.n_classes)
 

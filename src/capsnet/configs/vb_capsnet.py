@@ -34,18 +34,30 @@ class VBCapsNetConfig(RecordedData):
     # (col + 1)/(10 g) on the g×g grid; "none".
     coordinates: Literal["authors", "positions", "none"] = field(
         default="authors",
-        metadata={"help": "coordinate addition in the class votes: authors (their code: 0.1 everywhere), "
-                  "positions ((row+1)/10g, (col+1)/10g) or none"},
-    )  # fmt: skip
+        metadata={
+            "help": "coordinate addition in the class votes: authors (their code: 0.1 everywhere), "
+            "positions ((row+1)/10g, (col+1)/10g) or none"
+        },
+    )
     min_normaliser: float = field(
         default=1e-11,
-        metadata={"help": "floor of each child's sum of responsibilities (the authors' 1e-11; 0: the paper's exact "
-                  "normalisation)"},
-    )  # fmt: skip
+        metadata={
+            "help": "floor of each child's sum of responsibilities (the authors' 1e-11; 0: the paper's exact "
+            "normalisation)"
+        },
+    )
 
     def __post_init__(self) -> None:
-        ints = ("in_channels", "image_size", "n_classes", "conv_channels", "primary_types", "caps1_types",
-                "caps2_types", "routing_iterations")  # fmt: skip
+        ints = (
+            "in_channels",
+            "image_size",
+            "n_classes",
+            "conv_channels",
+            "primary_types",
+            "caps1_types",
+            "caps2_types",
+            "routing_iterations",
+        )
         for name in ints:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

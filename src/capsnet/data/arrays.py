@@ -83,9 +83,16 @@ def check_labels(split: Split, n_classes: int, where: str) -> None:
 
 
 def finish(
-    *, name: str, source: str, train: Split | None, test: Split, n_classes: int | None = None,
-    class_names: tuple[str, ...] = (), where: str, digits: bool = False,
-) -> Dataset:  # fmt: skip
+    *,
+    name: str,
+    source: str,
+    train: Split | None,
+    test: Split,
+    n_classes: int | None = None,
+    class_names: tuple[str, ...] = (),
+    where: str,
+    digits: bool = False,
+) -> Dataset:
     """Check the splits against each other and the class count (>= 2), and build the Dataset.
 
     Without `n_classes` (nor names), the classes are 0..max label over both splits.
@@ -108,6 +115,11 @@ def finish(
     if class_names and len(class_names) != n_classes:
         raise DatasetError(f"{where}: {len(class_names)} class names for {n_classes} classes")
     return Dataset(
-        name=name, source=source, train=train, test=test, n_classes=n_classes, class_names=tuple(class_names),
+        name=name,
+        source=source,
+        train=train,
+        test=test,
+        n_classes=n_classes,
+        class_names=tuple(class_names),
         digits=digits,
-    )  # fmt: skip
+    )

@@ -48,9 +48,15 @@ def _shard(n: int, *, shuffle: bool, seed: int, epoch: int, rank: int, world_siz
 
 
 def epoch_indices(
-    n: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
+    n: int,
+    *,
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
     drop_last: bool = False,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """This rank's example indices for `epoch`, in the order `iterate_batches` visits them (on the CPU)."""
     return _shard(n, shuffle=shuffle, seed=seed, epoch=epoch, rank=rank, world_size=world_size, drop_last=drop_last)
 

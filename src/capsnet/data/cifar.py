@@ -112,6 +112,11 @@ def load_cifar(folder: Path, kind: str, *, name: str | None = None, source: str 
     test = read_records(base / test_files[0], label_bytes, n_classes)
     names = _names(base / names_file, n_classes, CIFAR10_NAMES if kind == "cifar10" else ())
     return finish(
-        name=name or kind, source=source or str(base), train=train, test=test, n_classes=n_classes,
-        class_names=names, where=str(base),
-    )  # fmt: skip
+        name=name or kind,
+        source=source or str(base),
+        train=train,
+        test=test,
+        n_classes=n_classes,
+        class_names=names,
+        where=str(base),
+    )

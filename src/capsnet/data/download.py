@@ -177,8 +177,9 @@ def mirror_list(name: str, mirrors: list[str] | None = None) -> list[str]:
         for mirror in mirrors:
             problem = url_problem(mirror)
             if problem is not None:
-                raise ConfigError(f"CAPSNET_MIRRORS: {mirror!r} is not an http(s):// URL ({problem}); give base "
-                                  "URLs, comma-separated")  # fmt: skip
+                raise ConfigError(
+                    f"CAPSNET_MIRRORS: {mirror!r} is not an http(s):// URL ({problem}); give base URLs, comma-separated"
+                )
         mirrors = mirrors or list(DATASETS[name]["mirrors"])
     return [m if m.endswith("/") else m + "/" for m in mirrors]
 
@@ -205,8 +206,9 @@ def fetch(file_name: str, dest: Path, md5: str, mirrors: list[str]) -> list[str]
     problems = []
     for base in mirrors:
         try:
-            fetch_url(base + file_name, dest, md5=md5, retries=TRIES_PER_MIRROR, timeout=TIMEOUT_S,
-                      backoff=RETRY_BACKOFF_S)  # fmt: skip
+            fetch_url(
+                base + file_name, dest, md5=md5, retries=TRIES_PER_MIRROR, timeout=TIMEOUT_S, backoff=RETRY_BACKOFF_S
+            )
             return []
         except DownloadError as e:
             problems.append(str(e))

@@ -186,8 +186,10 @@ def _warn_skipped(skipped: list[str], strict: bool, root: Path) -> None:
     first = ", ".join(skipped[:3]) + (f" (+{len(skipped) - 3} more)" if len(skipped) > 3 else "")
     if strict:
         raise DatasetError(f"{root}: {len(skipped)} unreadable image file(s): {first}")
-    LOGGER.warning(f"capsnet: warning: skipped {len(skipped)} unreadable image file(s) in {root}: {first} "
-                   "(--strict makes this an error)")  # fmt: skip
+    LOGGER.warning(
+        f"capsnet: warning: skipped {len(skipped)} unreadable image file(s) in {root}: {first} "
+        "(--strict makes this an error)"
+    )
 
 
 def _decode_all(files, size, channels, workers, dest: Path | None) -> tuple[np.ndarray, np.ndarray]:
@@ -195,8 +197,10 @@ def _decode_all(files, size, channels, workers, dest: Path | None) -> tuple[np.n
     exception or Ctrl-C the files not yet started are cancelled, so it returns at once (the caller cleans up)."""
     shape = (len(files), channels, *size)
     if np.prod(shape, dtype=np.float64) > MAX_ARRAY_ELEMENTS:
-        raise DatasetError(f"{len(files)} images of {channels}×{size[0]}×{size[1]} are more than the "
-                           f"{MAX_ARRAY_ELEMENTS:,} values one data set may hold (MAX_ARRAY_ELEMENTS)")  # fmt: skip
+        raise DatasetError(
+            f"{len(files)} images of {channels}×{size[0]}×{size[1]} are more than the "
+            f"{MAX_ARRAY_ELEMENTS:,} values one data set may hold (MAX_ARRAY_ELEMENTS)"
+        )
     out = np.lib.format.open_memmap(dest, mode="w+", dtype=np.uint8, shape=shape) if dest else np.empty(shape, np.uint8)
     ok = np.zeros(len(files), dtype=bool)
 
@@ -287,8 +291,11 @@ def load_folder(
     `val_fraction` is the deprecated name of `test_fraction` (the share of each class held out for *testing* when
     the folder has no test split); a validation split is held out of the training split by the training task."""
     if val_fraction is not None:
-        warnings.warn("load_folder(val_fraction=) is deprecated: it holds out test images; use test_fraction=",
-                      DeprecationWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            "load_folder(val_fraction=) is deprecated: it holds out test images; use test_fraction=",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         test_fraction = val_fraction
     root = Path(root)
     size = parse_size(image_size)
@@ -316,7 +323,12 @@ def load_folder(
         missing = names[int(np.flatnonzero(counts == 0)[0])]
         raise DatasetError(f"{root}: class {missing!r} has no readable training image")
     data = finish(
-        name=name or root.resolve().name, source=source or str(root), train=train, test=test,
-        n_classes=len(names), class_names=tuple(names), where=str(root),
-    )  # fmt: skip
+        name=name or root.resolve().name,
+        source=source or str(root),
+        train=train,
+        test=test,
+        n_classes=len(names),
+        class_names=tuple(names),
+        where=str(root),
+    )
     return dataclasses.replace(data, val=val[0]) if val else data

@@ -139,8 +139,14 @@ class AugmentSpec:
         `channel_standardize`, of a standardized batch, not clamped (as the Efficient-CapsNet code)."""
         lo, hi = (-torch.inf, torch.inf) if self.channel_standardize else (0.0, 1.0)
         if self.hvc_rotate or self.hvc_shift or self.hvc_squish or self.hvc_erase:
-            x = hvc_augment.hvc_augment(x, rotate=self.hvc_rotate, shift=self.hvc_shift, squish=self.hvc_squish,
-                                        erase=self.hvc_erase, generator=generator)  # fmt: skip
+            x = hvc_augment.hvc_augment(
+                x,
+                rotate=self.hvc_rotate,
+                shift=self.hvc_shift,
+                squish=self.hvc_squish,
+                erase=self.hvc_erase,
+                generator=generator,
+            )
         if self.crop is not None:
             x = random_crop(x, self.crop, generator=generator)
         if self.rotate or self.zoom != (1.0, 1.0):
@@ -157,8 +163,9 @@ class AugmentSpec:
     def output_size(self, height: int, width: int) -> tuple[int, int]:
         """The size of the augmented (and of the centre-cropped test) images for inputs of height × width."""
         if self.crop is not None and (self.crop[0] > height or self.crop[1] > width):
-            raise ConfigError(f"augmentation crop {self.crop[0]}x{self.crop[1]} is larger than the {height}x{width} "
-                              "images")  # fmt: skip
+            raise ConfigError(
+                f"augmentation crop {self.crop[0]}x{self.crop[1]} is larger than the {height}x{width} images"
+            )
         return self.crop if self.crop is not None else (height, width)
 
     def __str__(self) -> str:
@@ -260,8 +267,9 @@ DEFAULTS: dict[str, AugmentSpec] = {
 }
 
 
-def resolve_augment(text: str, kind: str, *, shift: int = 2, recipes: dict[str, dict[str, str]] | None = None
-                    ) -> AugmentSpec:  # fmt: skip
+def resolve_augment(
+    text: str, kind: str, *, shift: int = 2, recipes: dict[str, dict[str, str]] | None = None
+) -> AugmentSpec:
     """ "auto": the model's own recipe for data format `kind` (`recipes`, a model class's `data_recipes`), else
     the format's default, its 2 px shift replaced by `shift` (TrainConfig.shift); otherwise
     `AugmentSpec.parse`."""

@@ -43,8 +43,10 @@ def check_pixels(path: str | Path, size: tuple[int, int]) -> None:
     """DatasetError if an image of `size` (W, H) has more pixels than MAX_IMAGE_PIXELS: decoding it could take
     gigabytes (a decompression bomb: a small file declaring a huge image)."""
     if size[0] * size[1] > MAX_IMAGE_PIXELS:
-        raise DatasetError(f"{path}: {size[0]}×{size[1]} pixels is more than the {MAX_IMAGE_PIXELS:,} an image may "
-                           "have (MAX_IMAGE_PIXELS)")  # fmt: skip
+        raise DatasetError(
+            f"{path}: {size[0]}×{size[1]} pixels is more than the {MAX_IMAGE_PIXELS:,} an image may "
+            "have (MAX_IMAGE_PIXELS)"
+        )
 
 
 def _to_tensor(img, height: int, width: int, channels: int) -> torch.Tensor:

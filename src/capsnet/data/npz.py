@@ -89,5 +89,10 @@ def load_npz(path: str | os.PathLike, *, name: str | None = None, source: str | 
             raise DatasetError(f"{where}: class_names must be a 1-d array of strings")
         names = tuple(str(n.decode() if isinstance(n, bytes) else n) for n in raw)
     return finish(
-        name=name or path.stem, source=source or where, train=train, test=test, class_names=names, where=where,
-    )  # fmt: skip
+        name=name or path.stem,
+        source=source or where,
+        train=train,
+        test=test,
+        class_names=names,
+        where=where,
+    )

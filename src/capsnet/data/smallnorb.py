@@ -30,8 +30,13 @@ from ..errors import DatasetError
 from .arrays import finish, make_split, read_bytes
 from .split import Dataset, Split
 
-MAGIC: dict[int, np.dtype] = {0x1E3D4C55: np.dtype("<u1"), 0x1E3D4C54: np.dtype("<i4"), 0x1E3D4C51: np.dtype("<f4"),
-         0x1E3D4C53: np.dtype("<f8"), 0x1E3D4C56: np.dtype("<i2")}  # fmt: skip
+MAGIC: dict[int, np.dtype] = {
+    0x1E3D4C55: np.dtype("<u1"),
+    0x1E3D4C54: np.dtype("<i4"),
+    0x1E3D4C51: np.dtype("<f4"),
+    0x1E3D4C53: np.dtype("<f8"),
+    0x1E3D4C56: np.dtype("<i2"),
+}
 PREFIX = {"train": "smallnorb-5x46789x9x18x6x2x96x96-training", "test": "smallnorb-5x01235x9x18x6x2x96x96-testing"}
 CLASS_NAMES = ("animal", "human", "airplane", "truck", "car")
 SIZE = 48
@@ -147,6 +152,11 @@ def load_smallnorb(folder: Path, *, size: int = SIZE, name: str | None = None, s
     if splits["test"] is None:
         raise DatasetError(f"{folder}: no {PREFIX['test']}-dat/-cat files (every data set needs a test split)")
     return finish(
-        name=name or "smallnorb", source=source or str(folder), train=splits["train"], test=splits["test"],
-        n_classes=5, class_names=CLASS_NAMES, where=str(folder),
-    )  # fmt: skip
+        name=name or "smallnorb",
+        source=source or str(folder),
+        train=splits["train"],
+        test=splits["test"],
+        n_classes=5,
+        class_names=CLASS_NAMES,
+        where=str(folder),
+    )

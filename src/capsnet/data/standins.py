@@ -40,8 +40,9 @@ def _labels(n: int, n_classes: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed + 7).permutation(np.arange(n) % n_classes)
 
 
-def write_cifar(folder: str | os.PathLike, kind: str = "cifar10", *, n_train: int = 50, n_test: int = 20,
-                seed: int = 0) -> Path:  # fmt: skip
+def write_cifar(
+    folder: str | os.PathLike, kind: str = "cifar10", *, n_train: int = 50, n_test: int = 20, seed: int = 0
+) -> Path:
     """CIFAR binary files into `folder`: CIFAR-10's five data batches + test batch + batches.meta.txt, or
     CIFAR-100's train.bin/test.bin (coarse and fine label bytes) + fine_label_names.txt."""
     folder = Path(folder)
@@ -89,8 +90,9 @@ def matrix_bytes(arr: np.ndarray) -> bytes:
     return header + arr.astype(arr.dtype.newbyteorder("<")).tobytes()
 
 
-def write_smallnorb(folder: str | os.PathLike, *, n_train: int = 30, n_test: int = 20, size: int = 96,
-                    gz: bool = True, seed: int = 0) -> Path:  # fmt: skip
+def write_smallnorb(
+    folder: str | os.PathLike, *, n_train: int = 30, n_test: int = 20, size: int = 96, gz: bool = True, seed: int = 0
+) -> Path:
     """smallNORB's six files (dat ubyte [N, 2, size, size], cat int32 [N], info int32 [N, 4]), gzipped or not."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -105,8 +107,15 @@ def write_smallnorb(folder: str | os.PathLike, *, n_train: int = 30, n_test: int
     return folder
 
 
-def write_npz(path: str | os.PathLike, *, n_train: int = 40, n_test: int = 20, n_classes: int = 3,
-              shape: tuple[int, ...] = (20, 24, 3), seed: int = 0) -> Path:  # fmt: skip
+def write_npz(
+    path: str | os.PathLike,
+    *,
+    n_train: int = 40,
+    n_test: int = 20,
+    n_classes: int = 3,
+    shape: tuple[int, ...] = (20, 24, 3),
+    seed: int = 0,
+) -> Path:
     """A Keras-convention .npz: x_* uint8 [N, H, W] or [N, H, W, C], y_* int64 [N]."""
     path = Path(path)
     arrays = {}
@@ -121,9 +130,16 @@ def write_npz(path: str | os.PathLike, *, n_train: int = 40, n_test: int = 20, n
     return path
 
 
-def write_image_folder(root: str | os.PathLike, *, classes: tuple[str, ...] = ("cat", "dog", "fox"),
-                       per_class: int = 6, size: tuple[int, int] = (20, 24), mode: str = "RGB",
-                       split: bool = True, seed: int = 0) -> Path:  # fmt: skip
+def write_image_folder(
+    root: str | os.PathLike,
+    *,
+    classes: tuple[str, ...] = ("cat", "dog", "fox"),
+    per_class: int = 6,
+    size: tuple[int, int] = (20, 24),
+    mode: str = "RGB",
+    split: bool = True,
+    seed: int = 0,
+) -> Path:
     """PNG files root/train/<class>/*.png and root/test/<class>/*.png (or root/<class>/ without `split`)."""
     from PIL import Image
 

@@ -89,10 +89,19 @@ def load_svhn(folder: Path, *, extra: bool = False, name: str | None = None, sou
     train = read_mat(folder / FILES[0]) if (folder / FILES[0]).is_file() else None
     if extra:
         more = read_mat(folder / EXTRA)
-        train = more if train is None else Split(torch.cat([train.images, more.images]),
-                                                 torch.cat([train.labels, more.labels]))  # fmt: skip
+        train = (
+            more
+            if train is None
+            else Split(torch.cat([train.images, more.images]), torch.cat([train.labels, more.labels]))
+        )
     test = read_mat(folder / FILES[1])
     return finish(
-        name=name or "svhn", source=source or str(folder), train=train, test=test, n_classes=10,
-        class_names=tuple(map(str, range(10))), where=str(folder), digits=False,
-    )  # fmt: skip
+        name=name or "svhn",
+        source=source or str(folder),
+        train=train,
+        test=test,
+        n_classes=10,
+        class_names=tuple(map(str, range(10))),
+        where=str(folder),
+        digits=False,
+    )

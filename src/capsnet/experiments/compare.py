@@ -111,8 +111,14 @@ def run_entry(
     """Train and measure `entry` with `seed` in a fresh process; its measurement (capsnet.experiments.measure).
     ConfigError with the child's last error line if it fails."""
     folder = out / entry.folder / f"seed-{seed}"
-    train = {**settings, "seed": seed, "out": str(folder), "progress": False, "tensorboard": False,
-             "resume": (folder / "state.pt").is_file()}  # fmt: skip
+    train = {
+        **settings,
+        "seed": seed,
+        "out": str(folder),
+        "progress": False,
+        "tensorboard": False,
+        "resume": (folder / "state.pt").is_file(),
+    }
     spec = {"model": entry.model, "overrides": entry.overrides, "train": train, "infer_batch": infer_batch}
     argv = [sys.executable, "-m", "capsnet.experiments.measure", json.dumps(spec)]
     result = None
@@ -146,22 +152,44 @@ def make_row(
     affine = [100 * r["affine_acc"] for r in runs]
     affine_mean, affine_std = accuracy_stats(affine)
     row = Row(
-        model=entry.model, config=entry.config, params=first["params"], benchmark=benchmark,
-        protocol=first["protocol"], train_images=first["train_images"], val_images=first["val_images"],
-        test_images=first["test_images"], epochs=first["epochs"], batch_size=first["batch_size"],
-        precision=first["precision"], affine_acc_mean=affine_mean, affine_acc_std=affine_std,
-        train_img_s=mean("train_img_s"), infer_img_s_b1=mean("infer_img_s_b1"),
-        infer_img_s_batch=mean("infer_img_s_batch"), infer_batch=first["infer_batch"],
-        peak_mem_mb=max(r["peak_mem_mb"] for r in runs), routing_spread=mean("routing_spread"), cpu=first["cpu"],
-        torch=first["torch"], commit=first["commit"], command=command, note=first["note"],
-    )  # fmt: skip
+        model=entry.model,
+        config=entry.config,
+        params=first["params"],
+        benchmark=benchmark,
+        protocol=first["protocol"],
+        train_images=first["train_images"],
+        val_images=first["val_images"],
+        test_images=first["test_images"],
+        epochs=first["epochs"],
+        batch_size=first["batch_size"],
+        precision=first["precision"],
+        affine_acc_mean=affine_mean,
+        affine_acc_std=affine_std,
+        train_img_s=mean("train_img_s"),
+        infer_img_s_b1=mean("infer_img_s_b1"),
+        infer_img_s_batch=mean("infer_img_s_batch"),
+        infer_batch=first["infer_batch"],
+        peak_mem_mb=max(r["peak_mem_mb"] for r in runs),
+        routing_spread=mean("routing_spread"),
+        cpu=first["cpu"],
+        torch=first["torch"],
+        commit=first["commit"],
+        command=command,
+        note=first["note"],
+    )
     return with_accuracies(row, seeds, [100 * r["test_acc"] for r in runs])
 
 
 def compare(
-    found: Sequence[Entry], *, settings: dict[str, Any], seeds: Sequence[int], out: str | Path, command: str,
-    infer_batch: int = INFER_BATCH, echo: Callable[[str], None] = print,
-) -> tuple[list[Row], list[str]]:  # fmt: skip
+    found: Sequence[Entry],
+    *,
+    settings: dict[str, Any],
+    seeds: Sequence[int],
+    out: str | Path,
+    command: str,
+    infer_batch: int = INFER_BATCH,
+    echo: Callable[[str], None] = print,
+) -> tuple[list[Row], list[str]]:
     """Train and measure every entry with every seed; write OUT/results.csv (merged by key) and OUT/compare.md
     after each entry. Returns the rows and the lines of the entries that failed (the others still run)."""
     out = Path(out)
@@ -182,8 +210,10 @@ def compare(
     return rows, failed
 
 
-HEADER = ("| entry | parameters | test acc % | affine acc % | train img/s | infer img/s (1 / batch) | peak MiB | "
-          "routing spread |\n|---|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+HEADER = (
+    "| entry | parameters | test acc % | affine acc % | train img/s | infer img/s (1 / batch) | peak MiB | "
+    "routing spread |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+)
 
 
 def table_line(label: str, row: Row) -> str:
@@ -195,9 +225,11 @@ def table_line(label: str, row: Row) -> str:
     spread = "±" if row.test_acc_std else ""
     acc = f"{row.test_acc_mean:.2f}" + (f" ± {row.test_acc_std:.2f}" if spread else "")
     affine = num(row.affine_acc_mean, ".2f") + (f" ± {row.affine_acc_std:.2f}" if spread else "")
-    return (f"| {label} | {row.params:,} | {acc} | {affine} | {num(row.train_img_s, ',.0f')} | "
-            f"{num(row.infer_img_s_b1, ',.0f')} / {num(row.infer_img_s_batch, ',.0f')} | "
-            f"{num(row.peak_mem_mb, ',.0f')} | {num(row.routing_spread, '.2f')} |")  # fmt: skip
+    return (
+        f"| {label} | {row.params:,} | {acc} | {affine} | {num(row.train_img_s, ',.0f')} | "
+        f"{num(row.infer_img_s_b1, ',.0f')} / {num(row.infer_img_s_batch, ',.0f')} | "
+        f"{num(row.peak_mem_mb, ',.0f')} | {num(row.routing_spread, '.2f')} |"
+    )
 
 
 def markdown(found: Sequence[Entry], rows: Sequence[Row], settings: dict[str, Any], seeds: Sequence[int]) -> str:

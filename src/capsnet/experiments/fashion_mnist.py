@@ -55,67 +55,93 @@ class Recipe:
 
 RECIPES: dict[str, Recipe] = {
     "capsnet": Recipe(
-        epochs=100, batch_size=100, augment="shift=2,flip", lr=1e-3, lr_decay=0.95,
+        epochs=100,
+        batch_size=100,
+        augment="shift=2,flip",
+        lr=1e-3,
+        lr_decay=0.95,
         model={"recon_weight": 0.392, "recon_reduction": "mean"},
         why="the recipe of the 93.6% CapsNet entry of Fashion-MNIST's benchmark table (github.com/XifengGuo/"
-            "CapsNet-Fashion-MNIST): Adam 1e-3 x 0.95 per epoch, batch 100, 100 epochs, 2 px shifts and left-right "
-            "flips, reconstruction weight 0.392 on the mean squared error; not screened here",
+        "CapsNet-Fashion-MNIST): Adam 1e-3 x 0.95 per epoch, batch 100, 100 epochs, 2 px shifts and left-right "
+        "flips, reconstruction weight 0.392 on the mean squared error; not screened here",
     ),
     "efficient-capsnet": Recipe(
-        epochs=150, batch_size=16, augment="shift=2",
+        epochs=150,
+        batch_size=16,
+        augment="shift=2",
         why="the authors' MNIST recipe (github.com/EscVM/Efficient-CapsNet, config.json: Adam 5e-4 x 0.97 per "
-            "epoch, batch 16, 150 epochs), the model's defaults, with 2 px shifts; flips not screened",
+        "epoch, batch 16, 150 epochs), the model's defaults, with 2 px shifts; flips not screened",
     ),
     "hvc-capsnet": Recipe(
-        epochs=100, batch_size=120, augment="shift=2", lr_decay=0.94,
+        epochs=100,
+        batch_size=120,
+        augment="shift=2",
+        lr_decay=0.94,
         why="the authors' Adam 1e-3 and batch 120 over 100 instead of 300 epochs, the decay quickened from 0.98 "
-            "to 0.94 per epoch so that the last epoch trains at their last learning rate (0.98^300 = 0.94^100 = "
-            "0.002 of the start); 2 px shifts: on validation they beat the authors' MNIST augmentation and "
-            "flips (docs/benchmarks.md, 10-epoch screens on 10,000 images)",
+        "to 0.94 per epoch so that the last epoch trains at their last learning rate (0.98^300 = 0.94^100 = "
+        "0.002 of the start); 2 px shifts: on validation they beat the authors' MNIST augmentation and "
+        "flips (docs/benchmarks.md, 10-epoch screens on 10,000 images)",
     ),
     "self-routing-capsnet": Recipe(
-        epochs=60, batch_size=128, augment="shift=2",
+        epochs=60,
+        batch_size=128,
+        augment="shift=2",
         why="Adam 1e-3 (capsnet trains with Adam; the authors' CIFAR-10 schedule is SGD), the decay stretched "
-            "to x0.25 over the run, batch 128 (the authors'), 2 px shifts; not screened",
+        "to x0.25 over the run, batch 128 (the authors'), 2 px shifts; not screened",
     ),
     "inverted-attention-capsnet": Recipe(
-        epochs=60, batch_size=128, augment="shift=2",
+        epochs=60,
+        batch_size=128,
+        augment="shift=2",
         why="the model's defaults (Adam 1e-3, the decay stretched to x0.25 over the run), batch 128, 2 px shifts; "
-            "not screened",
+        "not screened",
     ),
     "em-capsnet": Recipe(
-        epochs=60, batch_size=32, augment="shift=2",
+        epochs=60,
+        batch_size=32,
+        augment="shift=2",
         why="the model's defaults (Adam 3e-3, the decay stretched to x0.25), batch 32, 2 px shifts; not screened "
-            "(an epoch takes hours on a CPU)",
+        "(an epoch takes hours on a CPU)",
     ),
     "deepcaps": Recipe(
-        epochs=100, batch_size=256, augment="shift=3,rotate=0.1,zoom=0.9:1.1,flip",
+        epochs=100,
+        batch_size=256,
+        augment="shift=3,rotate=0.1,zoom=0.9:1.1,flip",
         why="the authors' train.py (github.com/brjathu/deepcaps): Adam 1e-3 halved every 10 epochs (the model's "
-            "default_lr_decay, 0.5^0.1 per epoch), batch 256, 100 epochs, their ImageDataGenerator's shifts, "
-            "rotation, zoom and flips; their second, hard-margin phase not reproduced; not screened",
+        "default_lr_decay, 0.5^0.1 per epoch), batch 256, 100 epochs, their ImageDataGenerator's shifts, "
+        "rotation, zoom and flips; their second, hard-margin phase not reproduced; not screened",
     ),
     "heinsen-capsnet": Recipe(
-        epochs=50, batch_size=20, augment="shift=2",
+        epochs=50,
+        batch_size=20,
+        augment="shift=2",
         why="the authors' smallNORB recipe (github.com/glassroom/heinsen_routing, 2019 notebook: RAdam 5e-4 in one "
-            "cycle down to 1e-5, batch 20, 50 epochs), here the model's defaults: Adam 5e-4 decayed to 1e-5 over 50 "
-            "epochs; their 16 px shifts of 96 px images as 2 px on 28 px; their mixup not reproduced; not screened",
+        "cycle down to 1e-5, batch 20, 50 epochs), here the model's defaults: Adam 5e-4 decayed to 1e-5 over 50 "
+        "epochs; their 16 px shifts of 96 px images as 2 px on 28 px; their mixup not reproduced; not screened",
     ),
     "cluster-capsnet": Recipe(
-        epochs=60, batch_size=64, augment="shift=2",
+        epochs=60,
+        batch_size=64,
+        augment="shift=2",
         why="the model's defaults (Adam 1e-3, the decay stretched to x0.25 over the run; the authors' schedule is "
-            "SGD), batch 64 (the authors'), 2 px shifts; not screened",
+        "SGD), batch 64 (the authors'), 2 px shifts; not screened",
     ),
     "vb-capsnet": Recipe(
-        epochs=60, batch_size=128, augment="shift=2",
+        epochs=60,
+        batch_size=128,
+        augment="shift=2",
         why="the authors' Adam 1e-3 and batch 128 (github.com/fabio-deep/Variational-Capsule-Routing, main.py; no "
-            "decay there, here the stretched x0.25), 2 px shifts; not screened (an epoch takes hours on a CPU)",
+        "decay there, here the stretched x0.25), 2 px shifts; not screened (an epoch takes hours on a CPU)",
     ),
     "baseline": Recipe(
-        epochs=60, batch_size=128, augment="shift=2", lr=1e-3,
+        epochs=60,
+        batch_size=128,
+        augment="shift=2",
+        lr=1e-3,
         why="the paper's baseline CNN at batch 128, where it trains at lr 1e-3 (docs/benchmarks.md), 2 px shifts; "
-            "not screened",
+        "not screened",
     ),
-}  # fmt: skip
+}
 
 # --quick: a smoke run that shows the pipeline works, never a recipe's figure.
 QUICK_TRAIN, QUICK_TEST, QUICK_EPOCHS = 600, 500, 1
@@ -130,12 +156,29 @@ QUICK_MODELS: dict[str, dict[str, Any]] = {
     "vb-capsnet": {"conv_channels": 8, "primary_types": 4, "caps1_types": 4, "caps2_types": 4},
     "baseline": {"channels": (8, 8, 4), "hidden": (32, 16)},
     "heinsen-capsnet": {"conv_channels": 8, "n_parts": 4},
-    "deepcaps": {"conv_channels": 8, "cell_types": (4, 4, 4, 4), "cell_dims": (2, 4, 4, 4), "class_dim": 8,
-                 "decoder_channels": (8, 4, 4)},
-}  # fmt: skip
+    "deepcaps": {
+        "conv_channels": 8,
+        "cell_types": (4, 4, 4, 4),
+        "cell_dims": (2, 4, 4, 4),
+        "class_dim": 8,
+        "decoder_channels": (8, 4, 4),
+    },
+}
 # Settings a finished or resumed run must share with the command (the rest, e.g. --device, may change).
-RECORDED = ("dataset", "data_dir", "train_subset", "test_subset", "augment", "batch_size", "lr", "lr_decay",
-            "seed", "model", "val_fraction", "val_seed")  # fmt: skip
+RECORDED = (
+    "dataset",
+    "data_dir",
+    "train_subset",
+    "test_subset",
+    "augment",
+    "batch_size",
+    "lr",
+    "lr_decay",
+    "seed",
+    "model",
+    "val_fraction",
+    "val_seed",
+)
 
 
 @dataclass
@@ -166,13 +209,23 @@ class Plan:
         r = RECIPES[model]
         extra: dict[str, Any] = {} if self.val_fraction is None else {"val_fraction": self.val_fraction}
         return TrainConfig(
-            dataset=EXPERIMENT, data_dir=self.data_dir, model=model, seed=seed, device=self.device, out=str(out),
+            dataset=EXPERIMENT,
+            data_dir=self.data_dir,
+            model=model,
+            seed=seed,
+            device=self.device,
+            out=str(out),
             epochs=QUICK_EPOCHS if self.quick else (self.epochs or r.epochs),
             batch_size=self.batch_size or (16 if self.quick else r.batch_size),
-            augment=r.augment, lr=r.lr, lr_decay=r.lr_decay,
-            train_subset=QUICK_TRAIN if self.quick else None, test_subset=QUICK_TEST if self.quick else None,
-            progress=progress, tensorboard=False, **extra,
-        )  # fmt: skip
+            augment=r.augment,
+            lr=r.lr,
+            lr_decay=r.lr_decay,
+            train_subset=QUICK_TRAIN if self.quick else None,
+            test_subset=QUICK_TEST if self.quick else None,
+            progress=progress,
+            tensorboard=False,
+            **extra,
+        )
 
     def model_config(self, model: str) -> Any:
         options = {**RECIPES[model].model, **(QUICK_MODELS[model] if self.quick else {})}
@@ -193,8 +246,10 @@ def run_state(config: TrainConfig) -> str:
     wanted, had = dataclasses.asdict(config), saved.get("train", {})
     for key in RECORDED:
         if key in had and wanted[key] is not None and had[key] != wanted[key]:  # unset: the run's own
-            raise ConfigError(f"{folder}: trained with {key} {had[key]!r}, this command asks for {wanted[key]!r}; "
-                              "run it with the same flags, or choose another --out")  # fmt: skip
+            raise ConfigError(
+                f"{folder}: trained with {key} {had[key]!r}, this command asks for {wanted[key]!r}; "
+                "run it with the same flags, or choose another --out"
+            )
     done = read_test(folder)
     if done is not None and done.get("epochs") == config.epochs:
         return "finished"
@@ -214,8 +269,11 @@ def train_seed(plan: Plan, model: str, seed: int, out: str | Path, *, progress: 
     config = plan.train_config(model, seed, folder, progress=progress)
     state = run_state(config)
     if state != "finished":
-        print(f"== {EXPERIMENT}: {model} seed {seed} ({'continuing' if state == 'unfinished' else 'starting'}, "
-              f"{config.epochs} epochs, batch {config.batch_size}) -> {folder}", flush=True)  # fmt: skip
+        print(
+            f"== {EXPERIMENT}: {model} seed {seed} ({'continuing' if state == 'unfinished' else 'starting'}, "
+            f"{config.epochs} epochs, batch {config.batch_size}) -> {folder}",
+            flush=True,
+        )
         config = dataclasses.replace(config, resume=state == "unfinished")
         result = train(config, None if config.resume else plan.model_config(model))
         if result.interrupted:
@@ -231,10 +289,17 @@ def summarize(model: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     for reference, of its last epoch). A run whose best/ was chosen on the test set (--val-fraction 0) is marked."""
     accs = [100 * r["best"]["accuracy"] for r in rows]
     last = [100 * r["last"]["accuracy"] for r in rows]
-    out = {"model": model, "seeds": rows, "test_acc_mean": statistics.fmean(accs), "test_acc_std": _std(accs),
-           "test_accs": accs, "last_test_acc_mean": statistics.fmean(last), "last_test_acc_std": _std(last),
-           "val_accs": [100 * r["best"].get("val_acc", float("nan")) for r in rows],
-           "recipe": dataclasses.asdict(RECIPES[model])}  # fmt: skip
+    out = {
+        "model": model,
+        "seeds": rows,
+        "test_acc_mean": statistics.fmean(accs),
+        "test_acc_std": _std(accs),
+        "test_accs": accs,
+        "last_test_acc_mean": statistics.fmean(last),
+        "last_test_acc_std": _std(last),
+        "val_accs": [100 * r["best"].get("val_acc", float("nan")) for r in rows],
+        "recipe": dataclasses.asdict(RECIPES[model]),
+    }
     if any(not str(r.get("selected_on")).startswith("val_") for r in rows):
         out["note"] = "best/ chosen on the test set (no validation split): a maximum over epochs"
     return out
@@ -250,8 +315,13 @@ def run_fashion_mnist(plan: Plan, *, out: str = "runs/reproduce", progress: bool
     for model in plan.models:
         rows = [train_seed(plan, model, seed, out, progress=progress) for seed in plan.seeds]
         models.append(summarize(model, rows))
-    report = {"experiment": EXPERIMENT, "quick": plan.quick, "plan": dataclasses.asdict(plan), "models": models,
-              "published": {k: {"test_acc": v, "source": s} for k, (v, s) in PUBLISHED.items()}}  # fmt: skip
+    report = {
+        "experiment": EXPERIMENT,
+        "quick": plan.quick,
+        "plan": dataclasses.asdict(plan),
+        "models": models,
+        "published": {k: {"test_acc": v, "source": s} for k, (v, s) in PUBLISHED.items()},
+    }
     root = Path(out) / EXPERIMENT
     atomic_write_json(root / "results.json", report)
     atomic_write_bytes(root / "results.md", (format_markdown(report) + "\n").encode())
@@ -260,17 +330,23 @@ def run_fashion_mnist(plan: Plan, *, out: str = "runs/reproduce", progress: bool
 
 def format_markdown(report: dict[str, Any]) -> str:
     """The report as a Markdown table: one row per model, the published figures below."""
-    lines = ["| model | seeds | test acc % of best/ (mean ± std) | every seed | last epoch % | epochs | batch | "
-             "augment |", "|---|---:|---|---|---|---:|---:|---|"]  # fmt: skip
+    lines = [
+        "| model | seeds | test acc % of best/ (mean ± std) | every seed | last epoch % | epochs | batch | augment |",
+        "|---|---:|---|---|---|---:|---:|---|",
+    ]
     for m in report["models"]:
         seeds = ", ".join(f"{a:.2f}" for a in m["test_accs"])
         first = m["seeds"][0]
         mark = " (chosen on test)" if m.get("note") else ""
-        lines.append(f"| {m['model']} | {len(m['seeds'])} | {m['test_acc_mean']:.2f} ± {m['test_acc_std']:.2f}{mark} | "
-                     f"{seeds} | {m['last_test_acc_mean']:.2f} ± {m['last_test_acc_std']:.2f} | {first['epochs']} | "
-                     f"{first.get('batch_size', '?')} | {first.get('augment', '?')} |")  # fmt: skip
-    lines += ["", "Published: " + "; ".join(f"{k} {v['test_acc']}% ({v['source']})"
-                                             for k, v in report["published"].items())]  # fmt: skip
+        lines.append(
+            f"| {m['model']} | {len(m['seeds'])} | {m['test_acc_mean']:.2f} ± {m['test_acc_std']:.2f}{mark} | "
+            f"{seeds} | {m['last_test_acc_mean']:.2f} ± {m['last_test_acc_std']:.2f} | {first['epochs']} | "
+            f"{first.get('batch_size', '?')} | {first.get('augment', '?')} |"
+        )
+    lines += [
+        "",
+        "Published: " + "; ".join(f"{k} {v['test_acc']}% ({v['source']})" for k, v in report["published"].items()),
+    ]
     if report["quick"]:
         lines.insert(0, "QUICK run (a subset, 1 epoch, narrow models): not a recipe's figure.\n")
     return "\n".join(lines)

@@ -69,11 +69,19 @@ def setting_for(experiment: str, *, quick: bool, out: str | Path, dataset: str |
     quick_model = {**model, "conv_channels": 16, "primary_types": 4}  # SVHN keeps its 6D / 8D capsules
     if model.get("decoder", True):
         quick_model["decoder_hidden"] = (64, 128)
-    note = (f"QUICK run on a generated stand-in written in the real {experiment} file format (not the real data), "
-            f"2 epochs, batch 16, narrower models ({QUICK_MODEL}); it shows that the pipeline works, nothing about "
-            "the paper's figure")  # fmt: skip
-    return ImageSetting(dataset=dataset or str(Path(out) / experiment / "standin"), epochs=2, batch_size=16,
-                        models=min(2, ENSEMBLE.get(experiment, 1)), capsnet=quick_model, note=note)  # fmt: skip
+    note = (
+        f"QUICK run on a generated stand-in written in the real {experiment} file format (not the real data), "
+        f"2 epochs, batch 16, narrower models ({QUICK_MODEL}); it shows that the pipeline works, nothing about "
+        "the paper's figure"
+    )
+    return ImageSetting(
+        dataset=dataset or str(Path(out) / experiment / "standin"),
+        epochs=2,
+        batch_size=16,
+        models=min(2, ENSEMBLE.get(experiment, 1)),
+        capsnet=quick_model,
+        note=note,
+    )
 
 
 def write_standin(experiment: str, folder: Path) -> Path:
@@ -91,10 +99,17 @@ def write_standin(experiment: str, folder: Path) -> Path:
 
 
 def run_image_experiment(
-    experiment: str, *, quick: bool = False, out: str = "runs/reproduce", device: str = "auto",
-    dataset: str | None = None, seed: int = 0, resume: bool = False, progress: bool = True,
+    experiment: str,
+    *,
+    quick: bool = False,
+    out: str = "runs/reproduce",
+    device: str = "auto",
+    dataset: str | None = None,
+    seed: int = 0,
+    resume: bool = False,
+    progress: bool = True,
     setting: ImageSetting | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Train the §7 model(s) of `experiment`; write and return {"rows": [...], ...} like capsnet reproduce's."""
     setting = setting or setting_for(experiment, quick=quick, out=out, dataset=dataset)
     root = Path(out) / experiment
@@ -104,10 +119,16 @@ def run_image_experiment(
     rows: list[dict[str, Any]] = []
     for k in range(setting.models):
         config = TrainConfig(
-            dataset=setting.dataset, epochs=setting.epochs, batch_size=setting.batch_size, seed=seed + k,
-            device=device, out=str(root / f"capsnet-{k}" if setting.models > 1 else root / "capsnet"), resume=resume,
-            progress=progress, train_subset=setting.train_subset,
-        )  # fmt: skip
+            dataset=setting.dataset,
+            epochs=setting.epochs,
+            batch_size=setting.batch_size,
+            seed=seed + k,
+            device=device,
+            out=str(root / f"capsnet-{k}" if setting.models > 1 else root / "capsnet"),
+            resume=resume,
+            progress=progress,
+            train_subset=setting.train_subset,
+        )
         print(f"== {experiment}: training CapsNet {k + 1}/{setting.models} -> {config.out}", flush=True)
         result = train(config, CapsNetConfig(**setting.capsnet))
         if result.interrupted:
@@ -122,13 +143,23 @@ def run_image_experiment(
     if len(models) > 1:
         acc = evaluate(Ensemble(models), task.test, device=dev)["accuracy"]
         rows.append(_row(experiment, "ensemble", 100 * (1 - acc), note=f"capsule lengths of {len(models)} averaged"))
-    report = {"experiment": experiment, "quick": quick, "setting": setting.__dict__, "seed": seed, "rows": rows,
-              "runs": runs}  # fmt: skip
+    report = {
+        "experiment": experiment,
+        "quick": quick,
+        "setting": setting.__dict__,
+        "seed": seed,
+        "rows": rows,
+        "runs": runs,
+    }
     atomic_write_json(root / "results.json", report)
     return report
 
 
 def _row(experiment: str, model: str, error: float, note: str | None = None) -> dict[str, Any]:
-    row = {"model": model, "metric": f"{experiment} test error (%)", "ours": round(error, 4),
-           "paper": PAPER[experiment]}  # fmt: skip
+    row = {
+        "model": model,
+        "metric": f"{experiment} test error (%)",
+        "ours": round(error, 4),
+        "paper": PAPER[experiment],
+    }
     return {**row, "note": note} if note else row

@@ -81,16 +81,24 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "affine_acc": evaluate(model, affine_split(test), batch_size=config.eval_batch_size, device=device)["accuracy"],
         "protocol": protocol(result.test),
         "params": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "train_images": n_train, "val_images": validation.get("n", 0), "test_images": len(test),
-        "epochs": result.epochs_done, "batch_size": recorded["train"]["batch_size"], "precision": config.precision,
+        "train_images": n_train,
+        "val_images": validation.get("n", 0),
+        "test_images": len(test),
+        "epochs": result.epochs_done,
+        "batch_size": recorded["train"]["batch_size"],
+        "precision": config.precision,
         "train_img_s": sum(r["images_per_s"] for r in result.history) / max(1, len(result.history)),
         "infer_img_s_b1": inference_speed(model, test, 1, device),
-        "infer_img_s_batch": inference_speed(model, test, batch, device), "infer_batch": batch,
-        "peak_mem_mb": peak_memory_mb(device), "routing_spread": routing_spread(model, test, device),
-        "cpu": device_name(device), "torch": torch.__version__, "commit": git_commit(),
-        "note": "peak memory: " + ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
-                                   "the process's maximum resident set"),
-    }  # fmt: skip
+        "infer_img_s_batch": inference_speed(model, test, batch, device),
+        "infer_batch": batch,
+        "peak_mem_mb": peak_memory_mb(device),
+        "routing_spread": routing_spread(model, test, device),
+        "cpu": device_name(device),
+        "torch": torch.__version__,
+        "commit": git_commit(),
+        "note": "peak memory: "
+        + ("torch.cuda.max_memory_allocated" if device.type == "cuda" else "the process's maximum resident set"),
+    }
 
 
 def protocol(test: dict[str, Any]) -> str:

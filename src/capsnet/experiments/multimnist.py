@@ -42,8 +42,11 @@ Combine = Literal["max", "sum"]
 # of 16 pairs); 1,000 test pairs per test digit. (Their training generator also pairs digits of one class; this
 # task always pairs two classes, as their test set does.)
 EFFICIENT_CAPSNET_SETTING: dict[str, Any] = {
-    "max_shift": 6, "combine": "sum", "pairs_per_digit": 10, "test_pairs_per_digit": 1000,
-}  # fmt: skip
+    "max_shift": 6,
+    "combine": "sum",
+    "pairs_per_digit": 10,
+    "test_pairs_per_digit": 1000,
+}
 _TAG_TRAIN, _TAG_TEST = 0x4D4D, 0x7E57  # keep the train and test random streams apart
 
 

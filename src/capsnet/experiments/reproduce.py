@@ -174,8 +174,12 @@ def run_experiment(
             raise KeyboardInterrupt
         assert result.test is not None  # a finished run has scored its test split
         chosen = result.test.get("best", result.test["last"])  # the checkpoint chosen on validation
-        runs[model] = {"run_dir": str(result.run_dir), "epochs": result.epochs_done, "history": result.history,
-                       "test": result.test}  # fmt: skip
+        runs[model] = {
+            "run_dir": str(result.run_dir),
+            "epochs": result.epochs_done,
+            "history": result.history,
+            "test": result.test,
+        }
         metric = next(m for m, who in PAPER[experiment] if who == model)
         ours = 100 * chosen["accuracy"] if "accuracy" in metric else 100 * (1 - chosen["accuracy"])
         rows.append(_row(experiment, metric, model, ours))

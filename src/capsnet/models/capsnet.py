@@ -52,9 +52,13 @@ class CapsNet(Pretrained, nn.Module):
     default_lr = 1e-3  # `capsnet train`'s Adam learning rate unless --lr is given (TensorFlow's Adam default)
     # config.json files written before these keys existed: the model they describe, as it was trained
     saved_defaults: ClassVar[dict[str, Any]] = {
-        "capsule_bias": False, "init": "pytorch", "primary_routing": False, "margin_reduction": "sum",
-        "primary_grouping": "types", "coupling": "outputs",
-    }  # fmt: skip
+        "capsule_bias": False,
+        "init": "pytorch",
+        "primary_routing": False,
+        "margin_reduction": "sum",
+        "primary_grouping": "types",
+        "coupling": "outputs",
+    }
 
     @classmethod
     def lr_for(cls, config: CapsNetConfig) -> float:
@@ -70,8 +74,9 @@ class CapsNet(Pretrained, nn.Module):
         super().__init__()
         self.config = cfg = self.make_config(config, options)
         pad = cfg.kernel_size // 2 if cfg.padding == "same" else 0
-        self.conv1 = nn.Conv2d(cfg.in_channels, cfg.conv_channels, cfg.kernel_size, stride=cfg.conv1_stride,
-                               padding=pad)  # fmt: skip
+        self.conv1 = nn.Conv2d(
+            cfg.in_channels, cfg.conv_channels, cfg.kernel_size, stride=cfg.conv1_stride, padding=pad
+        )
         # The official code's one-iteration primary routing: uniform coupling over the types (and the leak)
         vote_scale = 1.0 / (cfg.primary_types + cfg.leaky_routing) if cfg.primary_routing else 1.0
         self.primary = PrimaryCapsules(
@@ -117,8 +122,10 @@ class CapsNet(Pretrained, nn.Module):
         u = self.primary(F.relu(self.conv1(x)))  # primary capsules u_i  [B, 1152, 8]
         routed = self.class_caps(u, *routing_inputs(self.routing_record, u), return_weights=True)
         if not isinstance(routed, RoutingOutput):
-            raise TypeError(f"routing {self.config.routing!r} returned a {type(routed).__name__} for "
-                            "return_weights=True, not a capsnet.routing.base.RoutingOutput")  # fmt: skip
+            raise TypeError(
+                f"routing {self.config.routing!r} returned a {type(routed).__name__} for "
+                "return_weights=True, not a capsnet.routing.base.RoutingOutput"
+            )
         v, c = routed.capsules, routed.weights  # class capsules v_j  [B, 10, 16], weights c_ij  [B, 1152, 10]
         lengths = self._class_probabilities(routed)  # |v_j| for dynamic routing  [B, 10]
         predictions = lengths.argmax(dim=1)
@@ -151,8 +158,9 @@ class CapsNet(Pretrained, nn.Module):
         (total, parts as detached 0-d tensors on the loss's device: reading them is left to the caller, so a
         training step never waits)."""
         margin = self.margin_loss(out.lengths, labels)
-        return margin_plus_reconstruction(margin, out.reconstructions, images, weight=self.config.recon_weight,
-                                          reduction=self.config.recon_reduction)  # fmt: skip
+        return margin_plus_reconstruction(
+            margin, out.reconstructions, images, weight=self.config.recon_weight, reduction=self.config.recon_reduction
+        )
 
 
 def class_capsule_layer(cfg: CapsNetConfig, record: RoutingRecord) -> nn.Module:
@@ -160,8 +168,15 @@ def class_capsule_layer(cfg: CapsNetConfig, record: RoutingRecord) -> nn.Module:
     routing registry), with the options of cfg that the record lists."""
     options = {keyword: getattr(cfg, name) for name, keyword in record.options.items()}
     assert cfg.routing_iterations is not None  # (CapsNetConfig resolves it)
-    return build_routing(cfg.routing, in_caps=cfg.n_primary, out_caps=cfg.n_classes, in_d=cfg.primary_dim,
-                         out_d=cfg.class_dim, iterations=cfg.routing_iterations, **options)  # fmt: skip
+    return build_routing(
+        cfg.routing,
+        in_caps=cfg.n_primary,
+        out_caps=cfg.n_classes,
+        in_d=cfg.primary_dim,
+        out_d=cfg.class_dim,
+        iterations=cfg.routing_iterations,
+        **options,
+    )
 
 
 OFFICIAL_STD = 0.1  # the official code's `weight_variable` std (conv1: 0.05)

@@ -72,11 +72,22 @@ class ClusterCapsNet(Pretrained, nn.Module):
         n = len(cfg.strides)
         channels = [cfg.capsule_channels] * (n - 1) + [cfg.n_classes]
         ins = [(cfg.capsule_channels, cfg.in_channels)] + [(cfg.capsule_channels, cfg.capsule_dim)] * (n - 1)
-        self.capsules = nn.ModuleList([
-            ClusterRoutingConv(c_in, c_out, d_in, cfg.capsule_dim, (side, side), votes=cfg.votes, stride=stride,
-                               bias=cfg.bias, image_input=layer == 0)
-            for layer, ((c_in, d_in), c_out, stride, side) in enumerate(zip(ins, channels, cfg.strides, cfg.grids))
-        ])  # fmt: skip
+        self.capsules = nn.ModuleList(
+            [
+                ClusterRoutingConv(
+                    c_in,
+                    c_out,
+                    d_in,
+                    cfg.capsule_dim,
+                    (side, side),
+                    votes=cfg.votes,
+                    stride=stride,
+                    bias=cfg.bias,
+                    image_input=layer == 0,
+                )
+                for layer, ((c_in, d_in), c_out, stride, side) in enumerate(zip(ins, channels, cfg.strides, cfg.grids))
+            ]
+        )
         self.classifier = nn.Linear(cfg.capsule_dim * cfg.grids[-1] ** 2, 1)  # shared by the class channels
 
     def forward(

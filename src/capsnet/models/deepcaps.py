@@ -113,10 +113,19 @@ class DeepCaps(Pretrained, nn.Module):
         t_in, d_in = cfg.conv_channels, 1
         for c, (t, d) in enumerate(zip(cfg.cell_types, cfg.cell_dims, strict=True)):
             last = c == len(cfg.cell_types) - 1
-            skip = (ConvCaps3D(t, d, t, d, iterations=cfg.routing_iterations, input_layout=cfg.conv3d_input)
-                    if last else ConvCaps2D(t, d, t, d))  # fmt: skip
-            cell = nn.ModuleDict({"down": ConvCaps2D(t_in, d_in, t, d, stride=2), "skip": skip,
-                                  "a": ConvCaps2D(t, d, t, d), "b": ConvCaps2D(t, d, t, d)})  # fmt: skip
+            skip = (
+                ConvCaps3D(t, d, t, d, iterations=cfg.routing_iterations, input_layout=cfg.conv3d_input)
+                if last
+                else ConvCaps2D(t, d, t, d)
+            )
+            cell = nn.ModuleDict(
+                {
+                    "down": ConvCaps2D(t_in, d_in, t, d, stride=2),
+                    "skip": skip,
+                    "a": ConvCaps2D(t, d, t, d),
+                    "b": ConvCaps2D(t, d, t, d),
+                }
+            )
             self.cells.append(cell)
             t_in, d_in = t, d
         if cfg.cell_dims[-1] != cfg.cell_dims[-2]:
@@ -126,8 +135,11 @@ class DeepCaps(Pretrained, nn.Module):
         with torch.no_grad():  # Keras glorot_uniform on their W [n, in, class_dim, d] and B [n, class_dim]
             glorot_uniform_(self.class_caps.weight, cfg.class_dim * cfg.n_classes * n_in, d * cfg.n_classes * n_in)
             glorot_uniform_(self.class_caps.bias, cfg.n_classes, cfg.class_dim)  # type: ignore[arg-type]
-        self.decoder = (DeepCapsDecoder(cfg.class_dim, cfg.decoder_channels, cfg.in_channels, cfg.image_size)
-                        if cfg.decoder else None)  # fmt: skip
+        self.decoder = (
+            DeepCapsDecoder(cfg.class_dim, cfg.decoder_channels, cfg.in_channels, cfg.image_size)
+            if cfg.decoder
+            else None
+        )
         self.margin_loss = MarginLoss(cfg.n_classes)
 
     @staticmethod
@@ -171,5 +183,6 @@ class DeepCaps(Pretrained, nn.Module):
         """The margin loss (summed over the classes, averaged over the batch) + recon_weight × the mean squared
         reconstruction error (Keras "mse"), as the authors' train.py. Returns (total, detached parts)."""
         margin = self.margin_loss(out.lengths, labels)
-        return margin_plus_reconstruction(margin, out.reconstructions, images, weight=self.config.recon_weight,
-                                          reduction="mean")  # fmt: skip
+        return margin_plus_reconstruction(
+            margin, out.reconstructions, images, weight=self.config.recon_weight, reduction="mean"
+        )

@@ -79,9 +79,13 @@ class EfficientCapsNet(Pretrained, nn.Module):
     default_lr_decay = 0.97  # the authors' exponential decay per epoch
     # config.json files written before these keys existed hold models built and trained this way.
     saved_defaults: ClassVar[dict[str, Any]] = {
-        "backbone_order": "conv-norm-act", "norm_eps": 1e-5, "norm_momentum": 0.1, "init_style": "pytorch",
-        "length_eps": 0.0, "input_divisor": 255.0,
-    }  # fmt: skip
+        "backbone_order": "conv-norm-act",
+        "norm_eps": 1e-5,
+        "norm_momentum": 0.1,
+        "init_style": "pytorch",
+        "length_eps": 0.0,
+        "input_divisor": 255.0,
+    }
     # The authors' input pipelines (utils/pre_process_*.py), by data format, used by `--augment auto`: TrainConfig
     # values (see capsnet.data.imageaug.AugmentSpec for the augmentation syntax).
     data_recipes: ClassVar[dict[str, dict[str, str]]] = {
@@ -130,8 +134,9 @@ class EfficientCapsNet(Pretrained, nn.Module):
             if (cfg.image_size + 16) % 8 or cfg.image_size < 8:
                 raise ConfigError(f"decoder_type conv reconstructs sides 8·k − 16 (48, 56, ...), not {cfg.image_size}")
             return ConvCapsuleDecoder(n_capsules=cfg.n_classes, capsule_dim=cfg.class_dim, out_shape=shape)
-        return CapsuleDecoder(n_capsules=cfg.n_classes, capsule_dim=cfg.class_dim, hidden=cfg.decoder_hidden,
-                              out_shape=shape)  # fmt: skip
+        return CapsuleDecoder(
+            n_capsules=cfg.n_classes, capsule_dim=cfg.class_dim, hidden=cfg.decoder_hidden, out_shape=shape
+        )
 
     @torch.no_grad()
     def reset_parameters_keras(self) -> None:
@@ -188,5 +193,6 @@ class EfficientCapsNet(Pretrained, nn.Module):
         recon_weight × the reconstruction error against the input (their `mse`: recon_reduction "mean"). Returns
         (total, parts as detached 0-d tensors)."""
         margin = self.margin_loss(out.lengths, labels)
-        return margin_plus_reconstruction(margin, out.reconstructions, images, weight=self.config.recon_weight,
-                                          reduction=self.config.recon_reduction)  # fmt: skip
+        return margin_plus_reconstruction(
+            margin, out.reconstructions, images, weight=self.config.recon_weight, reduction=self.config.recon_reduction
+        )

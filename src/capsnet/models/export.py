@@ -179,13 +179,15 @@ def _write_onnx(model: nn.Module, program: torch.export.ExportedProgram, path: P
             raise ExportError(f"{type(model).__name__} cannot be written in ONNX opset {opset} ({reason})") from None
     assert onnx_program is not None  # f=None: the program is returned, not written
     cfg: Any = model.config
-    onnx_program.model.metadata_props.update({
-        "capsnet.version": __version__,
-        "capsnet.model_type": str(getattr(model, "model_type", type(model).__name__)),
-        "capsnet.config": json.dumps(to_dict(cfg)),
-        "capsnet.outputs": ", ".join(names),
-        "capsnet.input": input_note(model),
-    })  # fmt: skip
+    onnx_program.model.metadata_props.update(
+        {
+            "capsnet.version": __version__,
+            "capsnet.model_type": str(getattr(model, "model_type", type(model).__name__)),
+            "capsnet.config": json.dumps(to_dict(cfg)),
+            "capsnet.outputs": ", ".join(names),
+            "capsnet.input": input_note(model),
+        }
+    )
     onnx_program.save(str(path), external_data=False)
     _name_batch_axis(path)
 

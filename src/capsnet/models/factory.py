@@ -68,8 +68,10 @@ def with_classes(model: Any, n_classes: int, *, source: str) -> Any:
     loaded = {k: v for k, v in kept.items() if k in own and k.rsplit(".", 1)[0] not in renewed}
     with torch.no_grad():
         fresh.load_state_dict({**own, **loaded}, strict=True)
-    LOGGER.warning(f"capsnet: {source}: {model.config.n_classes} classes -> {n_classes}: re-initialised "
-                   f"{', '.join(renewed)}; every other weight loaded")  # fmt: skip
+    LOGGER.warning(
+        f"capsnet: {source}: {model.config.n_classes} classes -> {n_classes}: re-initialised "
+        f"{', '.join(renewed)}; every other weight loaded"
+    )
     return fresh.to(next(model.parameters()).device).eval()
 
 

@@ -76,10 +76,12 @@ class HeinsenCapsNet(Pretrained, nn.Module):
         self.compute_a = nn.Sequential(nn.BatchNorm2d(c), nn.Conv2d(c, cfg.n_parts, 1))
         self.compute_mu = nn.Sequential(nn.BatchNorm2d(c), nn.Conv2d(c, cfg.n_parts * POSE * POSE, 1))
         route = {"iterations": cfg.routing_iterations, "rows": POSE, "p_model": cfg.p_model}
-        self.routings = nn.ModuleList([
-            HeinsenRouting(-1, cfg.n_parts, POSE * POSE, POSE * POSE, **route),  # parts: one W for every child
-            HeinsenRouting(cfg.n_parts, cfg.n_classes, POSE * POSE, POSE * POSE, **route),
-        ])  # fmt: skip
+        self.routings = nn.ModuleList(
+            [
+                HeinsenRouting(-1, cfg.n_parts, POSE * POSE, POSE * POSE, **route),  # parts: one W for every child
+                HeinsenRouting(cfg.n_parts, cfg.n_classes, POSE * POSE, POSE * POSE, **route),
+            ]
+        )
         for conv in self.convolve:
             if isinstance(conv, nn.Conv2d):
                 nn.init.kaiming_normal_(conv.weight)
@@ -100,8 +102,14 @@ class HeinsenCapsNet(Pretrained, nn.Module):
         parts = part_routing.route(a, mu)  # a_j [B, n_parts], μ_j [B, n_parts, 4, 4]
         objects = object_routing.route(parts.scores, parts.poses)  # [B, n_classes], [B, n_classes, 4, 4]
         logits = full_precision(objects.scores)
-        return HeinsenCapsNetOutput(objects.poses.flatten(-2), torch.sigmoid(logits), logits.argmax(dim=1), None,
-                                    objects.weights if return_coupling else None, logits)  # fmt: skip
+        return HeinsenCapsNetOutput(
+            objects.poses.flatten(-2),
+            torch.sigmoid(logits),
+            logits.argmax(dim=1),
+            None,
+            objects.weights if return_coupling else None,
+            logits,
+        )
 
     def loss(
         self, out: HeinsenCapsNetOutput, images: torch.Tensor, labels: torch.Tensor

@@ -117,9 +117,11 @@ def fetch_pretrained(url: str, *, cache_dir: str | os.PathLike | None = None) ->
     base, fragment = urllib.parse.urldefrag(url)
     sha256 = (urllib.parse.parse_qs(fragment).get("sha256") or [""])[0].lower()
     if not re.fullmatch(r"[0-9a-f]{64}", sha256):
-        raise ConfigError(f"{url}: give the folder's SHA-256 in the URL, as URL#sha256=<64 hex digits> "
-                          "(sha256sum config.json model.safetensors | sha256sum); a URL without one is "
-                          "refused")  # fmt: skip
+        raise ConfigError(
+            f"{url}: give the folder's SHA-256 in the URL, as URL#sha256=<64 hex digits> "
+            "(sha256sum config.json model.safetensors | sha256sum); a URL without one is "
+            "refused"
+        )
     base = base.removesuffix("model.safetensors").removesuffix("config.json")
     base = base if base.endswith("/") else base + "/"
     root = cache_root(cache_dir) / "pretrained"
@@ -138,14 +140,20 @@ def fetch_pretrained(url: str, *, cache_dir: str | os.PathLike | None = None) ->
                     os.replace(staging, folder)
                 break
             if file_digest(staging / "model.safetensors", hashlib.sha256) == sha256:  # (no fetch can mend this)
-                raise DownloadError(f"{base}: the URL gives the SHA-256 of model.safetensors alone; a URL pins the "
-                                    "whole folder: compute it from the folder you published (sha256sum config.json "
-                                    "model.safetensors | sha256sum); nothing was kept", url=url,
-                                    permanent=True)  # fmt: skip
+                raise DownloadError(
+                    f"{base}: the URL gives the SHA-256 of model.safetensors alone; a URL pins the "
+                    "whole folder: compute it from the folder you published (sha256sum config.json "
+                    "model.safetensors | sha256sum); nothing was kept",
+                    url=url,
+                    permanent=True,
+                )
             if attempt == FOLDER_FETCHES:
-                raise DownloadError(f"{base}: the files served have SHA-256 {got}, not the URL's (config.json or the "
-                                    f"weights differ) (fetched {attempt} times); nothing was kept", url=url,
-                                    permanent=True)  # fmt: skip
+                raise DownloadError(
+                    f"{base}: the files served have SHA-256 {got}, not the URL's (config.json or the "
+                    f"weights differ) (fetched {attempt} times); nothing was kept",
+                    url=url,
+                    permanent=True,
+                )
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # (a failed try leaves nothing for the next one)
     if not _pinned(folder, sha256):
@@ -156,8 +164,12 @@ def fetch_pretrained(url: str, *, cache_dir: str | os.PathLike | None = None) ->
 def _fetch_folder(base: str, staging: Path) -> str:
     """Download the folder at `base` into `staging` (config.json first, checked before the weights are asked for);
     returns its `folder_sha256`."""
-    fetch_url(base + "config.json", staging / "config.json", max_bytes=MAX_CONFIG_DOWNLOAD_BYTES,
-              deadline=CONFIG_DOWNLOAD_DEADLINE_S)  # fmt: skip
+    fetch_url(
+        base + "config.json",
+        staging / "config.json",
+        max_bytes=MAX_CONFIG_DOWNLOAD_BYTES,
+        deadline=CONFIG_DOWNLOAD_DEADLINE_S,
+    )
     _check_config(staging / "config.json", base)
     fetch_url(base + "model.safetensors", staging / "model.safetensors")
     return folder_sha256(staging)

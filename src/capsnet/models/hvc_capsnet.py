@@ -75,8 +75,9 @@ class BatchNormShift(nn.Module):
         self.register_buffer("running_var", torch.ones(n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.batch_norm(x, self.running_mean, self.running_var, None, self.beta, self.training, self.momentum,
-                            self.eps)  # fmt: skip
+        return F.batch_norm(
+            x, self.running_mean, self.running_var, None, self.beta, self.training, self.momentum, self.eps
+        )
 
 
 class HomogeneousVectorCapsules(nn.Module):
@@ -138,10 +139,12 @@ class HVCCapsNet(Pretrained, nn.Module):
         self.convs = nn.ModuleList(
             [_conv_block(c_in, c_out, cfg.bn_momentum) for c_in, c_out in itertools.pairwise(channels)]
         )
-        self.hvcs = nn.ModuleDict({
-            str(k): HomogeneousVectorCapsules(n, cfg.n_classes, d, momentum=cfg.bn_momentum)
-            for k, (n, d) in ((k, cfg.branch_capsules(k)) for k in cfg.branches_after)
-        })  # one per branch, keyed by the convolution it leaves from  # fmt: skip
+        self.hvcs = nn.ModuleDict(
+            {
+                str(k): HomogeneousVectorCapsules(n, cfg.n_classes, d, momentum=cfg.bn_momentum)
+                for k, (n, d) in ((k, cfg.branch_capsules(k)) for k in cfg.branches_after)
+            }
+        )  # one per branch, keyed by the convolution it leaves from
         n_branches = len(cfg.branches_after)
         self.branch_weights: torch.Tensor  # w_b  [n_branches]
         if cfg.branch_merge == "learned":

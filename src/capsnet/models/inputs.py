@@ -18,9 +18,11 @@ def check_images(images: torch.Tensor, *, channels: int, size: int | tuple[int, 
     was built for; TypeError for raw integer pixels (forward takes the prepared input: docs/inputs.md). The dtype is
     metadata: the check costs no host sync."""
     if not images.is_floating_point():
-        raise TypeError(f"{model} takes its prepared input (floats), got {str(images.dtype).replace('torch.', '')} "
-                        "images: capsnet.preprocess(model, images) makes it from raw pixels, and "
-                        "capsnet.predict(model, images) classifies them")  # fmt: skip
+        raise TypeError(
+            f"{model} takes its prepared input (floats), got {str(images.dtype).replace('torch.', '')} "
+            "images: capsnet.preprocess(model, images) makes it from raw pixels, and "
+            "capsnet.predict(model, images) classifies them"
+        )
     h, w = image_hw(size)
     if images.dim() != 4 or tuple(images.shape[1:]) != (channels, h, w):
         raise ValueError(f"{model} expects images of shape [B, {channels}, {h}, {w}], got {list(images.shape)}")

@@ -79,13 +79,23 @@ class InvertedAttentionCapsNet(Pretrained, nn.Module):
         types = (cfg.primary_types, *cfg.capsule_types)
         scale = cfg.scale
         layers: list[nn.Module] = [
-            InvertedAttentionConv(t_in, t_out, cfg.pose_dim, 3, s, cfg.routing_iterations, agreement_scale=scale,
-                                  windows=cfg.conv_windows)
+            InvertedAttentionConv(
+                t_in, t_out, cfg.pose_dim, 3, s, cfg.routing_iterations, agreement_scale=scale, windows=cfg.conv_windows
+            )
             for t_in, t_out, s in zip(types, types[1:], cfg.capsule_strides, strict=False)
-        ]  # fmt: skip
+        ]
         n_in = types[-1] * cfg.grids[-1] ** 2
-        layers.append(InvertedAttentionFC(n_in, cfg.n_classes, cfg.pose_dim, cfg.pose_dim, cfg.routing_iterations,
-                                          matrix_pose=True, agreement_scale=scale))  # fmt: skip
+        layers.append(
+            InvertedAttentionFC(
+                n_in,
+                cfg.n_classes,
+                cfg.pose_dim,
+                cfg.pose_dim,
+                cfg.routing_iterations,
+                matrix_pose=True,
+                agreement_scale=scale,
+            )
+        )
         self.capsules = nn.ModuleList(layers)
         self.classifier = nn.Linear(cfg.pose_dim, 1)
 

@@ -189,8 +189,10 @@ def lightning_hint(path: Path) -> str:
     found = (path.suffix == ".ckpt" and path.is_file()) or (path.is_dir() and any(path.glob("*.ckpt")))
     if not found:
         return ""
-    return ("; a Lightning checkpoint: load it with capsnet.lightning.CapsuleModule.load_from_checkpoint(PATH) and "
-            "write its .model with save_pretrained(FOLDER)")  # fmt: skip
+    return (
+        "; a Lightning checkpoint: load it with capsnet.lightning.CapsuleModule.load_from_checkpoint(PATH) and "
+        "write its .model with save_pretrained(FOLDER)"
+    )
 
 
 def check_model_size(target: type, config: Any, where: str) -> None:
@@ -202,8 +204,10 @@ def check_model_size(target: type, config: Any, where: str) -> None:
     except (ValueError, TypeError, RuntimeError, ConfigError) as e:
         raise ConfigError(f"{where}: does not describe a {target.__name__} ({e})") from None
     if count > MAX_PARAMETERS:
-        raise ConfigError(f"{where}: describes a model of {count:,} parameters, more than the limit of "
-                          f"{MAX_PARAMETERS:,} (MAX_PARAMETERS)")  # fmt: skip
+        raise ConfigError(
+            f"{where}: describes a model of {count:,} parameters, more than the limit of "
+            f"{MAX_PARAMETERS:,} (MAX_PARAMETERS)"
+        )
 
 
 def _registered(model_type: str, directory: Path) -> type[Pretrained]:
@@ -272,8 +276,10 @@ def _read_config(directory: Path) -> tuple[str, dict[str, Any], list[str]]:
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
     if isinstance(meta, dict) and "module" in meta and "model_type" not in meta:
-        raise CheckpointError(f"{path}: the weights of a module of one's own ({meta['module']}), not a capsnet model; "
-                              "load them with model.load_state_dict(safetensors.torch.load_file(...))")  # fmt: skip
+        raise CheckpointError(
+            f"{path}: the weights of a module of one's own ({meta['module']}), not a capsnet model; "
+            "load them with model.load_state_dict(safetensors.torch.load_file(...))"
+        )
     if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict) or "model_type" not in meta:
         hint = "; a training run folder? give its best/ or last/" if isinstance(meta, dict) and "train" in meta else ""
         raise CheckpointError(f"{path}: expected keys 'model_type' and 'config'{hint}")

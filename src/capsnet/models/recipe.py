@@ -53,18 +53,25 @@ class InputRecipe:
         if size is not None:
             size = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
         return cls(
-            channels=getattr(cfg, "in_channels", None), size=size, n_classes=getattr(cfg, "n_classes", None),
-            source_size=tuple(getattr(cfg, "source_size", ())), divisor=float(getattr(cfg, "input_divisor", 255.0)),
+            channels=getattr(cfg, "in_channels", None),
+            size=size,
+            n_classes=getattr(cfg, "n_classes", None),
+            source_size=tuple(getattr(cfg, "source_size", ())),
+            divisor=float(getattr(cfg, "input_divisor", 255.0)),
             channel_standardize=bool(getattr(cfg, "channel_standardize", False)),
-            mean=tuple(getattr(cfg, "channel_mean", ())), std=tuple(getattr(cfg, "channel_std", ())),
+            mean=tuple(getattr(cfg, "channel_mean", ())),
+            std=tuple(getattr(cfg, "channel_std", ())),
             digits=bool(getattr(cfg, "digits", False)),
-        )  # fmt: skip
+        )
 
     def fields(self) -> dict[str, Any]:
         """The config fields that record this recipe's values (what a training task writes into the model)."""
-        return {"input_divisor": self.divisor, "channel_standardize": self.channel_standardize,
-                "channel_mean": self.mean if self.channel_standardize else (),
-                "channel_std": self.std if self.channel_standardize else ()}  # fmt: skip
+        return {
+            "input_divisor": self.divisor,
+            "channel_standardize": self.channel_standardize,
+            "channel_mean": self.mean if self.channel_standardize else (),
+            "channel_std": self.std if self.channel_standardize else (),
+        }
 
     @property
     def raw_size(self) -> tuple[int, int] | None:
@@ -79,8 +86,10 @@ class InputRecipe:
         if stats is not None:
             return stats
         if not self.std:
-            raise DatasetError("the model standardizes each channel with its training split's statistics, which its "
-                               "config.json does not record; evaluate it on a data set split instead")  # fmt: skip
+            raise DatasetError(
+                "the model standardizes each channel with its training split's statistics, which its "
+                "config.json does not record; evaluate it on a data set split instead"
+            )
         return self.mean, self.std
 
     def scale(self, x01: torch.Tensor, stats: Stats | None = None) -> torch.Tensor:
@@ -139,8 +148,9 @@ def recipe_for(
     if channel_standardize and stats is None:
         raise ConfigError("per-channel standardization needs the training split's statistics")
     mean, std = stats if channel_standardize and stats is not None else ((), ())
-    return InputRecipe(divisor=float(divisor), channel_standardize=channel_standardize, mean=tuple(mean),
-                       std=tuple(std), **shape)  # fmt: skip
+    return InputRecipe(
+        divisor=float(divisor), channel_standardize=channel_standardize, mean=tuple(mean), std=tuple(std), **shape
+    )
 
 
 __all__ = ["InputRecipe", "Stats", "model_input", "recipe_for", "recipe_of"]

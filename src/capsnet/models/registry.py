@@ -72,8 +72,10 @@ class Registry(MutableMapping[str, _Model]):
     def _register_plugin(self, plugin: Plugin) -> None:
         cls = plugin.load()
         if not isinstance(cls, type) or not hasattr(cls, "config_class"):
-            raise PluginError(f"{plugin.describe()} names a {type(cls).__name__}, not a model class with a "
-                              "config_class (what register_model takes)")  # fmt: skip
+            raise PluginError(
+                f"{plugin.describe()} names a {type(cls).__name__}, not a model class with a "
+                "config_class (what register_model takes)"
+            )
         try:
             self.register(plugin.name, cls, flags=False)
         except ValueError as e:

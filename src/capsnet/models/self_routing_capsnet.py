@@ -95,8 +95,11 @@ class SelfRoutingCapsNet(Pretrained, nn.Module):
         super().__init__()
         self.config = cfg = self.make_config(config, options)
         w = cfg.resnet_widths
-        layers: list[nn.Module] = [nn.Conv2d(cfg.in_channels, w[0], 3, padding=1, bias=False), nn.BatchNorm2d(w[0]),
-                                   nn.ReLU(inplace=True)]  # fmt: skip
+        layers: list[nn.Module] = [
+            nn.Conv2d(cfg.in_channels, w[0], 3, padding=1, bias=False),
+            nn.BatchNorm2d(w[0]),
+            nn.ReLU(inplace=True),
+        ]
         c_in = w[0]
         for stage, width in enumerate(w):
             for block in range(cfg.resnet_blocks):
@@ -108,13 +111,16 @@ class SelfRoutingCapsNet(Pretrained, nn.Module):
         self.primary_pose = nn.Sequential(pose_conv, nn.BatchNorm2d(td)) if cfg.primary_batchnorm else pose_conv
         self.primary_act = nn.Sequential(nn.Conv2d(c_in, t, 3, padding=1, bias=bias), nn.BatchNorm2d(t))
         types = (cfg.primary_types, *cfg.capsule_types)
-        self.capsules = nn.ModuleList([
-            SelfRoutingConv(t_in, t_out, cfg.pose_dim, cfg.pose_dim, 3, s, matrix_pose=True)
-            for t_in, t_out, s in zip(types, types[1:], cfg.capsule_strides, strict=False)
-        ])  # fmt: skip
+        self.capsules = nn.ModuleList(
+            [
+                SelfRoutingConv(t_in, t_out, cfg.pose_dim, cfg.pose_dim, 3, s, matrix_pose=True)
+                for t_in, t_out, s in zip(types, types[1:], cfg.capsule_strides, strict=False)
+            ]
+        )
         n_in = types[-1] * cfg.grids[-1] ** 2
-        self.class_caps = SelfRoutingFC(n_in, cfg.n_classes, cfg.pose_dim, cfg.pose_dim, matrix_pose=True,
-                                        pose_out=False)  # only its activations are read  # fmt: skip
+        self.class_caps = SelfRoutingFC(
+            n_in, cfg.n_classes, cfg.pose_dim, cfg.pose_dim, matrix_pose=True, pose_out=False
+        )  # only its activations are read
 
     def forward(
         self, images: torch.Tensor, labels: torch.Tensor | None = None, *, return_coupling: bool = False
@@ -133,8 +139,9 @@ class SelfRoutingCapsNet(Pretrained, nn.Module):
             pose, a = layer(pose, a)
         routed = self.class_caps(pose, a, return_weights=True)
         probs = full_precision(routed.activations)  # a_j, a distribution over the classes  [B, n_classes]
-        return CapsNetOutput(routed.capsules, probs, probs.argmax(dim=1), None,
-                             routed.weights if return_coupling else None)  # fmt: skip
+        return CapsNetOutput(
+            routed.capsules, probs, probs.argmax(dim=1), None, routed.weights if return_coupling else None
+        )
 
     def loss(
         self, out: CapsNetOutput, images: torch.Tensor, labels: torch.Tensor

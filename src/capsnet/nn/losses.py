@@ -44,9 +44,14 @@ class MarginLoss(nn.Module):
     """
 
     def __init__(
-        self, n_labels: int = 10, lambda_: float = 0.5, m_positive: float = 0.9, m_negative: float = 0.1, *,
+        self,
+        n_labels: int = 10,
+        lambda_: float = 0.5,
+        m_positive: float = 0.9,
+        m_negative: float = 0.1,
+        *,
         reduction: Literal["sum", "half-mean"] = "sum",
-    ):  # fmt: skip
+    ):
         super().__init__()
         if reduction not in ("sum", "half-mean"):
             raise ValueError(f"MarginLoss: reduction must be 'sum' or 'half-mean', got {reduction!r}")

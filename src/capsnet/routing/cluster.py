@@ -151,9 +151,18 @@ class ClusterRoutingFC(nn.Module):
     probability = "classifier"  # the parents are LayerNorm'd: a shared linear classifier reads the classes
 
     def __init__(
-        self, in_caps: int, out_caps: int, in_d: int, out_d: int, iterations: int = 1, *, votes: int = VOTES,
-        bias: bool = True, norm: bool = True, fast: bool = True,
-    ):  # fmt: skip
+        self,
+        in_caps: int,
+        out_caps: int,
+        in_d: int,
+        out_d: int,
+        iterations: int = 1,
+        *,
+        votes: int = VOTES,
+        bias: bool = True,
+        norm: bool = True,
+        fast: bool = True,
+    ):
         super().__init__()
         check_sizes("ClusterRoutingFC", in_caps, out_caps, in_d, out_d, votes)
         if votes < 2:
@@ -166,8 +175,10 @@ class ClusterRoutingFC(nn.Module):
         self.norm = nn.LayerNorm(out_d) if norm else None
 
     def extra_repr(self) -> str:
-        return (f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}, "
-                f"votes={self.votes}, bias={self.bias is not None}")  # fmt: skip
+        return (
+            f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}, "
+            f"votes={self.votes}, bias={self.bias is not None}"
+        )
 
     def cluster_votes(self, u: torch.Tensor) -> torch.Tensor:
         """V^k_ij = W^k_ij u_i + b^k_ij for all i, k, j: u [B, I, N] -> [I, B, K, J, D] (children first: one
@@ -200,8 +211,9 @@ class ClusterRoutingFC(nn.Module):
         RoutingOutput(v, weights [B, in_caps, out_caps] (see the module's docstring), None)."""
         check_capsules("ClusterRoutingFC", u, self.in_caps, self.in_d, a)
         s, c = self.route(u)  # s_j [B, J, D], c_ij [I, B, J, D]
-        v = s if self.norm is None else F.layer_norm(s, (self.out_d,), self.norm.weight, self.norm.bias,
-                                                     self.norm.eps)  # v_j = LayerNorm(s_j)  # fmt: skip
+        v = (
+            s if self.norm is None else F.layer_norm(s, (self.out_d,), self.norm.weight, self.norm.bias, self.norm.eps)
+        )  # v_j = LayerNorm(s_j)
         if not return_weights:
             return v
         share = c.mean(dim=3)  # c̄_ij  [I, B, J]

@@ -44,10 +44,20 @@ class ClusterRoutingConv(nn.Module):
     """
 
     def __init__(
-        self, in_channels: int, out_channels: int, in_d: int, out_d: int, out_hw: tuple[int, int], *,
-        votes: int = VOTES, kernel_size: int = 3, stride: int = 1, padding: int = 1, bias: bool = True,
+        self,
+        in_channels: int,
+        out_channels: int,
+        in_d: int,
+        out_d: int,
+        out_hw: tuple[int, int],
+        *,
+        votes: int = VOTES,
+        kernel_size: int = 3,
+        stride: int = 1,
+        padding: int = 1,
+        bias: bool = True,
         image_input: bool = False,
-    ):  # fmt: skip
+    ):
         super().__init__()
         check_sizes("ClusterRoutingConv", in_channels, out_channels, in_d, out_d, votes, kernel_size, stride)
         if votes < 2:
@@ -56,14 +66,23 @@ class ClusterRoutingConv(nn.Module):
         self.votes, self.stride, self.padding, self.image_input = votes, stride, padding, image_input
         n_votes = in_channels * votes * out_channels * out_d
         # the C_in vote convolutions as one: PyTorch's default draw is the authors' (U(±1/√(D_in·k·k)))
-        self.conv = nn.Conv2d(in_d if image_input else in_channels * in_d, n_votes, kernel_size, stride=stride,
-                              padding=padding, bias=bias, groups=1 if image_input else in_channels)  # fmt: skip
+        self.conv = nn.Conv2d(
+            in_d if image_input else in_channels * in_d,
+            n_votes,
+            kernel_size,
+            stride=stride,
+            padding=padding,
+            bias=bias,
+            groups=1 if image_input else in_channels,
+        )
         self.norm = nn.LayerNorm([out_d, *out_hw])
 
     def extra_repr(self) -> str:
-        return (f"in_channels={self.in_channels}, out_channels={self.out_channels}, in_d={self.in_d}, "
-                f"out_d={self.out_d}, votes={self.votes}, stride={self.stride}, "
-                f"image_input={self.image_input}")  # fmt: skip
+        return (
+            f"in_channels={self.in_channels}, out_channels={self.out_channels}, in_d={self.in_d}, "
+            f"out_d={self.out_d}, votes={self.votes}, stride={self.stride}, "
+            f"image_input={self.image_input}"
+        )
 
     def cluster_votes(self, x: torch.Tensor) -> torch.Tensor:
         """V^k_ij for every location: [B, C_in, K, C_out, D, H', W']."""

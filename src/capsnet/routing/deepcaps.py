@@ -45,8 +45,9 @@ class ConvCaps2D(nn.Module):
     6-D kernel (k, k, T_in, D_in, T_out, D_out), for which Keras 2 takes fan_in = fan_out = √N (its fans follow
     the convolution layout only for kernels of rank 3 to 5)."""
 
-    def __init__(self, in_types: int, in_dim: int, out_types: int, out_dim: int, *, kernel_size: int = 3,
-                 stride: int = 1):  # fmt: skip
+    def __init__(
+        self, in_types: int, in_dim: int, out_types: int, out_dim: int, *, kernel_size: int = 3, stride: int = 1
+    ):
         super().__init__()
         self.in_types, self.in_dim, self.out_types, self.out_dim = in_types, in_dim, out_types, out_dim
         self.kernel_size, self.stride = kernel_size, stride
@@ -55,16 +56,19 @@ class ConvCaps2D(nn.Module):
         glorot_uniform_(self.weight, fan, fan)
 
     def extra_repr(self) -> str:
-        return (f"{self.in_types}x{self.in_dim} -> {self.out_types}x{self.out_dim}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}")  # fmt: skip
+        return (
+            f"{self.in_types}x{self.in_dim} -> {self.out_types}x{self.out_dim}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T_in, D_in, H, W] -> [B, T_out, D_out, ⌈H/s⌉, ⌈W/s⌉]."""
         b, t, d, h, w = x.shape
         if (t, d) != (self.in_types, self.in_dim):
             raise ValueError(f"ConvCaps2D expects {self.in_types} capsules of {self.in_dim}, got {t} of {d}")
-        s = F.conv2d(same_padding(x.reshape(b, t * d, h, w), self.kernel_size, self.stride), self.weight,
-                     stride=self.stride)  # fmt: skip
+        s = F.conv2d(
+            same_padding(x.reshape(b, t * d, h, w), self.kernel_size, self.stride), self.weight, stride=self.stride
+        )
         s = s.view(b, self.out_types, self.out_dim, *s.shape[-2:])
         return squash(s, dim=2, eps=KERAS_EPS)
 
@@ -86,9 +90,18 @@ class ConvCaps3D(nn.Module):
     Parameters: D_in·k·k·T_out·D_out + T_out·D_out. W starts as Keras's he_normal on their shape
     (D_in, k, k, 1, T_out·D_out) (fan_in k·k·D_in), β at 0.1."""
 
-    def __init__(self, in_types: int, in_dim: int, out_types: int, out_dim: int, *, kernel_size: int = 3,
-                 stride: int = 1, iterations: int = 3,
-                 input_layout: Literal["capsules", "released"] = "capsules"):  # fmt: skip
+    def __init__(
+        self,
+        in_types: int,
+        in_dim: int,
+        out_types: int,
+        out_dim: int,
+        *,
+        kernel_size: int = 3,
+        stride: int = 1,
+        iterations: int = 3,
+        input_layout: Literal["capsules", "released"] = "capsules",
+    ):
         super().__init__()
         if iterations < 1:
             raise ValueError(f"ConvCaps3D: iterations must be >= 1, got {iterations}")
@@ -105,8 +118,10 @@ class ConvCaps3D(nn.Module):
         nn.init.trunc_normal_(self.weight, std=std, a=-2 * std, b=2 * std)
 
     def extra_repr(self) -> str:
-        return (f"{self.in_types}x{self.in_dim} -> {self.out_types}x{self.out_dim}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, iterations={self.iterations}")  # fmt: skip
+        return (
+            f"{self.in_types}x{self.in_dim} -> {self.out_types}x{self.out_dim}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, iterations={self.iterations}"
+        )
 
     def votes(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T_in, D_in, H, W] -> V [B, T_in, T_out, D_out, H', W']."""
@@ -115,8 +130,9 @@ class ConvCaps3D(nn.Module):
             raise ValueError(f"ConvCaps3D expects {self.in_types} capsules of {self.in_dim}, got {t} of {d}")
         if self.input_layout == "released":  # their [B, H, W, T, D] memory reread as [B, T, D, H, W]
             x = x.permute(0, 3, 4, 1, 2).reshape(b, t, d, h, w)
-        v = F.conv2d(same_padding(x.reshape(b * t, d, h, w), self.kernel_size, self.stride), self.weight,
-                     stride=self.stride)  # fmt: skip
+        v = F.conv2d(
+            same_padding(x.reshape(b * t, d, h, w), self.kernel_size, self.stride), self.weight, stride=self.stride
+        )
         return v.view(b, t, self.out_types, self.out_dim, *v.shape[-2:])
 
     def forward(self, x: torch.Tensor, *, return_coupling: bool = False):

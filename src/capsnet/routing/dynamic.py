@@ -159,9 +159,13 @@ class Router(KernelLayer, nn.Module):
         return route_votes(self.weight, u)
 
     def forward(
-        self, u: torch.Tensor, a: torch.Tensor | None = None, *, return_coupling: bool = False,
+        self,
+        u: torch.Tensor,
+        a: torch.Tensor | None = None,
+        *,
+        return_coupling: bool = False,
         return_weights: bool = False,
-    ) -> torch.Tensor | RoutingResult | RoutingOutput:  # fmt: skip
+    ) -> torch.Tensor | RoutingResult | RoutingOutput:
         """u [B, in_caps, in_d] -> v [B, out_caps, out_d]. `return_coupling=True` gives labml's
         RoutingResult(v, c); `return_weights=True` the RoutingOutput(v, c) every routing layer returns.
         Dynamic routing has no input activations: `a` must be None."""
@@ -190,9 +194,13 @@ class Router(KernelLayer, nn.Module):
             )
         else:
             v, c = dynamic_routing(
-                self.votes(u), self.iterations, detach_votes=self.detach_votes, leaky=self.leaky, bias=self.bias,
+                self.votes(u),
+                self.iterations,
+                detach_votes=self.detach_votes,
+                leaky=self.leaky,
+                bias=self.bias,
                 coupling=self.coupling,
-            )  # fmt: skip
+            )
         if return_weights:
             return RoutingOutput(v, c)
         return RoutingResult(v, c) if return_coupling else v

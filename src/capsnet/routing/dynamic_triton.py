@@ -45,8 +45,11 @@ def kernels() -> ModuleType | None:
         try:
             module: ModuleType | None = importlib.import_module(f"{__package__}.dynamic_triton_kernels")
         except ImportError as e:
-            warnings.warn(f"capsnet: CAPSNET_TRITON is set but Triton cannot be imported ({e}); routing uses the "
-                          "PyTorch-op path", RuntimeWarning, stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"capsnet: CAPSNET_TRITON is set but Triton cannot be imported ({e}); routing uses the PyTorch-op path",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             module = None
         _kernels["module"] = module
     return _kernels["module"]
@@ -148,14 +151,43 @@ def forward(u: torch.Tensor, weight: torch.Tensor, iterations: int, launch: Laun
     blocks = _cdiv(batch, plan.bb)
     for t in range(iterations + 1):  # t = r: no capsules, only s_{r-1} and v
         grid = (blocks, plan.n_split if t < iterations else 1)
-        k.forward_pass[grid](u, weight, part, c_all, s_all, v, t, batch, n_in, n_out, d_out, plan.n_split,
-                             plan.slice_len if t < iterations else 0, R=iterations, BB=plan.bb, BI=plan.bi,
-                             EPS=k.EPS, num_warps=plan.num_warps, **sizes)  # fmt: skip
+        k.forward_pass[grid](
+            u,
+            weight,
+            part,
+            c_all,
+            s_all,
+            v,
+            t,
+            batch,
+            n_in,
+            n_out,
+            d_out,
+            plan.n_split,
+            plan.slice_len if t < iterations else 0,
+            R=iterations,
+            BB=plan.bb,
+            BI=plan.bi,
+            EPS=k.EPS,
+            num_warps=plan.num_warps,
+            **sizes,
+        )
     return v, c_all[: iterations - 1], s_all
 
 
-def backward(grad_v, grad_c, u, weight, c_all, s_all, iterations: int, detach_votes: bool, need_u: bool,
-             need_w: bool, launch: Launch | None = None):  # fmt: skip
+def backward(
+    grad_v,
+    grad_c,
+    u,
+    weight,
+    c_all,
+    s_all,
+    iterations: int,
+    detach_votes: bool,
+    need_u: bool,
+    need_w: bool,
+    launch: Launch | None = None,
+):
     """(dL/du [B, I, N] or None, dL/dW [I, J, N, M] or None) from the saved tensors of `forward`;
     grad_v [B, J, M] and grad_c [B, I, J] may be None (zero)."""
     k, plan = kernels(), _launch(u, weight, launch)
@@ -172,21 +204,72 @@ def backward(grad_v, grad_c, u, weight, c_all, s_all, iterations: int, detach_vo
     blocks = _cdiv(batch, plan.bb)
     flags = {"HAS_GV": grad_v is not None, "R": iterations, "BB": plan.bb, "EPS": k.EPS}
     for t in range(iterations - 1, 0, -1) if through else ():
-        k.backward_pass[(blocks, plan.n_split)](u, weight, s_all, c_all, gv, gc, dv_part, g_all, ds_all, t, batch,
-                                               n_in, n_out, d_out, plan.n_split, plan.slice_len, BI=plan.bi,
-                                               HAS_GC=grad_c is not None, num_warps=plan.num_warps, **flags,
-                                               **sizes)  # fmt: skip
+        k.backward_pass[(blocks, plan.n_split)](
+            u,
+            weight,
+            s_all,
+            c_all,
+            gv,
+            gc,
+            dv_part,
+            g_all,
+            ds_all,
+            t,
+            batch,
+            n_in,
+            n_out,
+            d_out,
+            plan.n_split,
+            plan.slice_len,
+            BI=plan.bi,
+            HAS_GC=grad_c is not None,
+            num_warps=plan.num_warps,
+            **flags,
+            **sizes,
+        )
     v_sums = torch.empty_like(s_all)  # V_t = Σ_{t' < t} v_t'
-    k.backward_finish[(blocks,)](s_all, gv, dv_part, ds_all, v_sums, batch, n_out, d_out, plan.n_split,
-                                 THROUGH=through, num_warps=plan.num_warps, **flags,
-                                 **{n: sizes[n] for n in ("BJ", "BM", "DTYPE")})  # fmt: skip
+    k.backward_finish[(blocks,)](
+        s_all,
+        gv,
+        dv_part,
+        ds_all,
+        v_sums,
+        batch,
+        n_out,
+        d_out,
+        plan.n_split,
+        THROUGH=through,
+        num_warps=plan.num_warps,
+        **flags,
+        **{n: sizes[n] for n in ("BJ", "BM", "DTYPE")},
+    )
     du = u.new_empty(batch, n_in, d_in) if need_u else u
     n_chunks = _cdiv(batch, plan.chunk)
     dw_part = weight.new_empty(n_chunks, *weight.shape) if need_w else weight
     grid = (_cdiv(n_in, plan.bi2), n_chunks)
-    k.grad_inputs[grid](u, weight, c_all, g_all, ds_all, v_sums, du, dw_part, batch, n_in, n_out, d_out, plan.chunk,
-                        R=iterations, BI=plan.bi2, BN=_pow2(d_in), THROUGH=through, NEED_U=need_u, NEED_W=need_w,
-                        num_warps=2 * plan.num_warps, **sizes)  # fmt: skip
+    k.grad_inputs[grid](
+        u,
+        weight,
+        c_all,
+        g_all,
+        ds_all,
+        v_sums,
+        du,
+        dw_part,
+        batch,
+        n_in,
+        n_out,
+        d_out,
+        plan.chunk,
+        R=iterations,
+        BI=plan.bi2,
+        BN=_pow2(d_in),
+        THROUGH=through,
+        NEED_U=need_u,
+        NEED_W=need_w,
+        num_warps=2 * plan.num_warps,
+        **sizes,
+    )
     grad_w = (dw_part[0] if n_chunks == 1 else dw_part.sum(dim=0)) if need_w else None
     return (du if need_u else None), grad_w
 

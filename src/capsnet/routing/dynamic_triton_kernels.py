@@ -45,8 +45,25 @@ def _squash_backward(s, dv, EPS: tl.constexpr):
 
 
 @triton.jit
-def _votes(u_ptr, w_ptr, b4, i4, j4, m4, hi, B, I, J, M, N: tl.constexpr, BB: tl.constexpr, BI: tl.constexpr,
-           BJ: tl.constexpr, BM: tl.constexpr, DTYPE: tl.constexpr):  # fmt: skip
+def _votes(
+    u_ptr,
+    w_ptr,
+    b4,
+    i4,
+    j4,
+    m4,
+    hi,
+    B,
+    I,
+    J,
+    M,
+    N: tl.constexpr,
+    BB: tl.constexpr,
+    BI: tl.constexpr,
+    BJ: tl.constexpr,
+    BM: tl.constexpr,
+    DTYPE: tl.constexpr,
+):
     """Eq. 2 for a tile: û[b, i, j, m] = Σ_n u[b, i, n] W[i, j, n, m]  [BB, BI, BJ, BM] (0 where masked: b ≥ B,
     i ≥ hi, j ≥ J, m ≥ M)."""
     mask_u = (b4 < B) & (i4 < hi)
@@ -60,8 +77,22 @@ def _votes(u_ptr, w_ptr, b4, i4, j4, m4, hi, B, I, J, M, N: tl.constexpr, BB: tl
 
 
 @triton.jit
-def _slices_sum(part_ptr, t, n_split, b3, j3, m3, mask, B, J, M, BB: tl.constexpr, BJ: tl.constexpr,
-                BM: tl.constexpr, DTYPE: tl.constexpr):  # fmt: skip
+def _slices_sum(
+    part_ptr,
+    t,
+    n_split,
+    b3,
+    j3,
+    m3,
+    mask,
+    B,
+    J,
+    M,
+    BB: tl.constexpr,
+    BJ: tl.constexpr,
+    BM: tl.constexpr,
+    DTYPE: tl.constexpr,
+):
     """Σ over the slices of pass t's partial sums part[t, slice, b, j, m]  [BB, BJ, BM], in slice order."""
     total = tl.zeros((BB, BJ, BM), dtype=DTYPE)
     for k in range(n_split):
@@ -70,9 +101,29 @@ def _slices_sum(part_ptr, t, n_split, b3, j3, m3, mask, B, J, M, BB: tl.constexp
 
 
 @triton.jit(do_not_specialize=["t", "B"])
-def forward_pass(u_ptr, w_ptr, part_ptr, c_ptr, s_ptr, v_ptr, t, B, I, J, M, n_split, slice_len, N: tl.constexpr,
-                 R: tl.constexpr, BB: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, BM: tl.constexpr,
-                 DTYPE: tl.constexpr, EPS: tl.constexpr):  # fmt: skip
+def forward_pass(
+    u_ptr,
+    w_ptr,
+    part_ptr,
+    c_ptr,
+    s_ptr,
+    v_ptr,
+    t,
+    B,
+    I,
+    J,
+    M,
+    n_split,
+    slice_len,
+    N: tl.constexpr,
+    R: tl.constexpr,
+    BB: tl.constexpr,
+    BI: tl.constexpr,
+    BJ: tl.constexpr,
+    BM: tl.constexpr,
+    DTYPE: tl.constexpr,
+    EPS: tl.constexpr,
+):
     """Pass t of Procedure 1 for BB samples and the input capsules [slice·slice_len, (slice+1)·slice_len):
     c_t = softmax_j(û · V_t) (stored for t ≥ 1 in c_all[t-1, b, i, j]) and this slice's part of s_t = Σ_i c_t û
     (part[t, slice, b]). The slice-0 programs store s_{t-1}, the previous pass's partial sums added, in
@@ -110,10 +161,34 @@ def forward_pass(u_ptr, w_ptr, part_ptr, c_ptr, s_ptr, v_ptr, t, B, I, J, M, n_s
 
 
 @triton.jit(do_not_specialize=["t", "B"])
-def backward_pass(u_ptr, w_ptr, s_ptr, c_ptr, gv_ptr, gc_ptr, dvp_ptr, g_ptr, ds_ptr, t, B, I, J, M, n_split,
-                  slice_len, N: tl.constexpr, R: tl.constexpr, BB: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
-                  BM: tl.constexpr, HAS_GV: tl.constexpr, HAS_GC: tl.constexpr, DTYPE: tl.constexpr,
-                  EPS: tl.constexpr):  # fmt: skip
+def backward_pass(
+    u_ptr,
+    w_ptr,
+    s_ptr,
+    c_ptr,
+    gv_ptr,
+    gc_ptr,
+    dvp_ptr,
+    g_ptr,
+    ds_ptr,
+    t,
+    B,
+    I,
+    J,
+    M,
+    n_split,
+    slice_len,
+    N: tl.constexpr,
+    R: tl.constexpr,
+    BB: tl.constexpr,
+    BI: tl.constexpr,
+    BJ: tl.constexpr,
+    BM: tl.constexpr,
+    HAS_GV: tl.constexpr,
+    HAS_GC: tl.constexpr,
+    DTYPE: tl.constexpr,
+    EPS: tl.constexpr,
+):
     """Pass t ≥ 1 backwards for BB samples and one slice of input capsules: ds_t (stored in ds_all[b, t] by the
     slice-0 programs), db_t = c_t ⊙ (dc − Σ_j c_t dc) with dc = û · ds_t (+ dL/dc at t = R-1), stored in
     g_all[t-1, b, i, j], and this slice's part of dV_t = Σ_i db_t û (dv_part[t, slice, b])."""
@@ -153,9 +228,25 @@ def backward_pass(u_ptr, w_ptr, s_ptr, c_ptr, gv_ptr, gc_ptr, dvp_ptr, g_ptr, ds
 
 
 @triton.jit(do_not_specialize=["B"])
-def backward_finish(s_ptr, gv_ptr, dvp_ptr, ds_ptr, vs_ptr, B, J, M, n_split, R: tl.constexpr, BB: tl.constexpr,
-                    BJ: tl.constexpr, BM: tl.constexpr, HAS_GV: tl.constexpr, THROUGH: tl.constexpr,
-                    DTYPE: tl.constexpr, EPS: tl.constexpr):  # fmt: skip
+def backward_finish(
+    s_ptr,
+    gv_ptr,
+    dvp_ptr,
+    ds_ptr,
+    vs_ptr,
+    B,
+    J,
+    M,
+    n_split,
+    R: tl.constexpr,
+    BB: tl.constexpr,
+    BJ: tl.constexpr,
+    BM: tl.constexpr,
+    HAS_GV: tl.constexpr,
+    THROUGH: tl.constexpr,
+    DTYPE: tl.constexpr,
+    EPS: tl.constexpr,
+):
     """Through the routing (r > 1, votes not detached): ds_0 from dV_1 … dV_{R-1}; else ds_{R-1} from dL/dv; both in
     ds_all[b, t]. And V_t = Σ_{t' < t} squash(s_t') for every pass, in vsum[b, t]."""
     offs_b = tl.program_id(0) * BB + tl.arange(0, BB)
@@ -180,9 +271,31 @@ def backward_finish(s_ptr, gv_ptr, dvp_ptr, ds_ptr, vs_ptr, B, J, M, n_split, R:
 
 
 @triton.jit(do_not_specialize=["B", "chunk"])
-def grad_inputs(u_ptr, w_ptr, c_ptr, g_ptr, ds_ptr, vs_ptr, du_ptr, dwp_ptr, B, I, J, M, chunk, N: tl.constexpr,
-                R: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-                THROUGH: tl.constexpr, NEED_U: tl.constexpr, NEED_W: tl.constexpr, DTYPE: tl.constexpr):  # fmt: skip
+def grad_inputs(
+    u_ptr,
+    w_ptr,
+    c_ptr,
+    g_ptr,
+    ds_ptr,
+    vs_ptr,
+    du_ptr,
+    dwp_ptr,
+    B,
+    I,
+    J,
+    M,
+    chunk,
+    N: tl.constexpr,
+    R: tl.constexpr,
+    BI: tl.constexpr,
+    BJ: tl.constexpr,
+    BN: tl.constexpr,
+    BM: tl.constexpr,
+    THROUGH: tl.constexpr,
+    NEED_U: tl.constexpr,
+    NEED_W: tl.constexpr,
+    DTYPE: tl.constexpr,
+):
     """For BI input capsules and one chunk of samples: dû_bij from its factors (the top of the file), then
     dL/du_bi = Σ_j W_ij dû_bij (du [B, I, N]) and this chunk's Σ_b u_bi ⊗ dû_bij (dw_part[chunk, i, j, n, m])."""
     pid_i, pid_c = tl.program_id(0), tl.program_id(1)

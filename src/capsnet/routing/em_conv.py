@@ -105,8 +105,15 @@ class _ConvEMRouting(torch.autograd.Function):
             a_leaf = a_in[s].detach().requires_grad_(need_small[0])
             g_s = [None if g is None else g[s] for g in grads]
             opts_n = opts._replace(shape=(n, p, j, i, h))
-            g_u = _route_backward(u, [a_leaf, *betas], [q[s] for q in qs], [e[s] for e in es], g_s, opts_n,
-                                  out=_view(g_buf, n, p, j, i, 2 * h))  # fmt: skip
+            g_u = _route_backward(
+                u,
+                [a_leaf, *betas],
+                [q[s] for q in qs],
+                [e[s] for e in es],
+                g_s,
+                opts_n,
+                out=_view(g_buf, n, p, j, i, 2 * h),
+            )
             g_a.append(a_leaf.grad if a_leaf.grad is not None else torch.zeros_like(a_leaf))
             if not (need_m or need_w):
                 continue

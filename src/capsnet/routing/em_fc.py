@@ -46,9 +46,17 @@ class EMRoutingFC(nn.Module):
     activations = True  # returns the parents' activations a_j
 
     def __init__(
-        self, in_caps: int, out_caps: int, in_d: int, out_d: int = POSE, iterations: int = 3, *,
-        weight_std: float | None = None, final_lambda: float = FINAL_LAMBDA, min_var: float = TRAINED_MIN_VAR,
-    ):  # fmt: skip
+        self,
+        in_caps: int,
+        out_caps: int,
+        in_d: int,
+        out_d: int = POSE,
+        iterations: int = 3,
+        *,
+        weight_std: float | None = None,
+        final_lambda: float = FINAL_LAMBDA,
+        min_var: float = TRAINED_MIN_VAR,
+    ):
         super().__init__()
         check_sizes("EMRoutingFC", in_caps, out_caps, in_d, out_d, iterations)
         if out_d != POSE:
@@ -62,8 +70,10 @@ class EMRoutingFC(nn.Module):
         nn.init.normal_(self.weight, std=self.weight_std)
 
     def extra_repr(self) -> str:
-        return (f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}, "
-                f"iterations={self.iterations}")  # fmt: skip
+        return (
+            f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}, "
+            f"iterations={self.iterations}"
+        )
 
     def forward(
         self, u: torch.Tensor, a: torch.Tensor | None = None, *, return_weights: bool = False
@@ -74,8 +84,15 @@ class EMRoutingFC(nn.Module):
         a = u.new_ones(u.shape[:2]) if a is None else a.to(u.dtype)
         v = votes(self.weight, u)  # V_ij = W_ij u_i  [B, I, J, 16]
         # em_routing's layout: one parent position P = 1, votes [B, 1, J, I, 16], child activations [B, 1, I]
-        res = em_routing(v.transpose(1, 2).unsqueeze(1), a.unsqueeze(1), self.beta_u, self.beta_a,
-                         iterations=self.iterations, final_lambda=self.final_lambda, min_var=self.min_var)  # fmt: skip
+        res = em_routing(
+            v.transpose(1, 2).unsqueeze(1),
+            a.unsqueeze(1),
+            self.beta_u,
+            self.beta_a,
+            iterations=self.iterations,
+            final_lambda=self.final_lambda,
+            min_var=self.min_var,
+        )
         poses, acts = res.poses[:, 0], res.activations[:, 0]  # μ_j [B, J, 16], a_j [B, J]
         if not return_weights:
             return poses

@@ -123,8 +123,13 @@ def build_key() -> dict[str, str]:
     flavour = f"cuda{torch.version.cuda}" if torch.version.cuda else (f"rocm{hip}" if hip else "cpu")
     abi = sysconfig.get_config_var("SOABI") or sys.implementation.cache_tag or platform.python_version()
     install = str(Path(torch.__file__).parent)  # (as imported, not resolved: the path the build commands name)
-    return {"torch": str(torch.__version__), "flavour": flavour, "install": install, "python": str(abi),
-            "compiler": compiler_id()}  # fmt: skip
+    return {
+        "torch": str(torch.__version__),
+        "flavour": flavour,
+        "install": install,
+        "python": str(abi),
+        "compiler": compiler_id(),
+    }
 
 
 def _last_build_s(prefix: str) -> float | None:
@@ -342,7 +347,7 @@ class LazyExtension:
 
     def checks(
         self,
-    ) -> tuple[Callable[[], bool], Callable[[torch.Tensor, torch.Tensor, str | None], bool]]:  # fmt: skip
+    ) -> tuple[Callable[[], bool], Callable[[torch.Tensor, torch.Tensor, str | None], bool]]:
         """The kernel module's `available()`, whether the kernel is used under the global backend choice (built
         only under "cpp"), and `applicable(u, weight, backend=None)`, whether it handles these inputs: CPU tensors,
         and a layer backend (None: the global one) under which the kernel is used."""

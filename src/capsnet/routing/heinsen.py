@@ -45,9 +45,15 @@ class HeinsenResult(NamedTuple):
 
 
 def generative_routing(
-    p_in: torch.Tensor, v: torch.Tensor, beta_use: torch.Tensor, beta_ign: torch.Tensor, *, iterations: int = 3,
-    p_model: str = "gaussian", eps: float = 1e-5,
-) -> HeinsenResult:  # fmt: skip
+    p_in: torch.Tensor,
+    v: torch.Tensor,
+    beta_use: torch.Tensor,
+    beta_ign: torch.Tensor,
+    *,
+    iterations: int = 3,
+    p_model: str = "gaussian",
+    eps: float = 1e-5,
+) -> HeinsenResult:
     """Algorithm 1 on parent-major votes v [B, J, I, E] (E: the entries of a vote, rows·c_out), with the children's
     probabilities p_in = f(a_i) [B, I] and β^use, β^ign [I or 1, J].
 
@@ -96,9 +102,18 @@ class HeinsenRouting(nn.Module):
     activations = True  # takes the children's probabilities and returns the parents' f(a_j)
 
     def __init__(
-        self, in_caps: int, out_caps: int, in_d: int, out_d: int, iterations: int = 3, *, rows: int = 1,
-        single_beta: bool = False, p_model: str = "gaussian", eps: float = 1e-5,
-    ):  # fmt: skip
+        self,
+        in_caps: int,
+        out_caps: int,
+        in_d: int,
+        out_d: int,
+        iterations: int = 3,
+        *,
+        rows: int = 1,
+        single_beta: bool = False,
+        p_model: str = "gaussian",
+        eps: float = 1e-5,
+    ):
         super().__init__()
         check_sizes("HeinsenRouting", out_caps, in_d, out_d, iterations, rows)
         if in_caps < 1 and in_caps != -1:
@@ -118,8 +133,10 @@ class HeinsenRouting(nn.Module):
         self.beta_ign = self.beta_use if single_beta else nn.Parameter(torch.zeros(n, out_caps))  # β^ign_ij
 
     def extra_repr(self) -> str:
-        return (f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}, "
-                f"iterations={self.iterations}, rows={self.rows}, p_model={self.p_model!r}")  # fmt: skip
+        return (
+            f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}, "
+            f"iterations={self.iterations}, rows={self.rows}, p_model={self.p_model!r}"
+        )
 
     def votes(self, mu: torch.Tensor) -> torch.Tensor:
         """V_ij = μ_i W_ij + B_ij, parent-major: μ [B, I, rows, c_in] -> [B, J, I, rows·c_out] (contiguous)."""
@@ -145,8 +162,9 @@ class HeinsenRouting(nn.Module):
         with torch.autocast(device_type=mu.device.type, enabled=False):
             p_in, mu = p_in.to(dtype), mu.to(dtype)
             beta_use, beta_ign = self.beta_use.to(dtype), self.beta_ign.to(dtype)
-            res = generative_routing(p_in, self.votes(mu), beta_use, beta_ign, iterations=self.iterations,
-                                     p_model=self.p_model, eps=self.eps)  # fmt: skip
+            res = generative_routing(
+                p_in, self.votes(mu), beta_use, beta_ign, iterations=self.iterations, p_model=self.p_model, eps=self.eps
+            )
         shape = (*res.poses.shape[:2], self.rows, -1)  # [B, J, rows, c_out]
         return res._replace(poses=res.poses.view(shape), variances=res.variances.view(shape))
 

@@ -77,17 +77,23 @@ class HeinsenVectorRouting(nn.Module):
             self.beta_use_net, self.beta_ign_net = nn.Linear(d, j), nn.Linear(d, j)
 
     def extra_repr(self) -> str:
-        return (f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}, "
-                f"iterations={self.iterations}, normalize={self.normalize}")  # fmt: skip
+        return (
+            f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}, "
+            f"iterations={self.iterations}, normalize={self.normalize}"
+        )
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         """N: LayerNorm over the last axis without parameters (the identity for out_d = 1)."""
         return F.layer_norm(x, x.shape[-1:]) if self.out_d > 1 else x
 
     def forward(
-        self, u: torch.Tensor, a: torch.Tensor | None = None, *, mask: torch.Tensor | None = None,
+        self,
+        u: torch.Tensor,
+        a: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
         return_weights: bool = False,
-    ) -> torch.Tensor | RoutingOutput:  # fmt: skip
+    ) -> torch.Tensor | RoutingOutput:
         """u [B, I, in_d]; `a` is not used (network A scores the inputs); mask: bool, broadcastable to [B, I, J],
         True where output j ignores input i. -> x_j [B, J, out_d], or RoutingOutput(x_j, R [B, I, J])."""
         self._check(u, mask)
@@ -144,8 +150,10 @@ class HeinsenVectorRouting(nn.Module):
             try:
                 torch.broadcast_shapes(mask.shape, (u.shape[0], u.shape[1], self.out_caps))
             except RuntimeError:
-                raise ValueError(f"HeinsenVectorRouting: mask {list(mask.shape)} does not broadcast to "
-                                 f"[{u.shape[0]}, {u.shape[1]}, {self.out_caps}]") from None  # fmt: skip
+                raise ValueError(
+                    f"HeinsenVectorRouting: mask {list(mask.shape)} does not broadcast to "
+                    f"[{u.shape[0]}, {u.shape[1]}, {self.out_caps}]"
+                ) from None
 
 
 __all__ = ["HeinsenVectorRouting"]

@@ -75,9 +75,7 @@ class _InvertedAttention(KernelLayer, nn.Module):
         """Eq. 1: v_ij = W_ij · p_i for u [N, n_in, d_in] -> [N, n_in, n_out, d_out]."""
         return matrix_votes(self.weight, u) if self.matrix_pose else votes(self.weight, u)
 
-    def passes(
-        self, u: torch.Tensor, parent: torch.Tensor | None, steps: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def passes(self, u: torch.Tensor, parent: torch.Tensor | None, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`steps` passes of Procedure 1 on children u [N, n_in, d_in] from the parents' poses [N, n_out, d_out]
         (None: p_j = 0). Returns the last poses [N, n_out, d_out] and routing coefficients r [N, n_in, n_out]."""
         if self.fast and ia_cpu.applicable(u, self.weight, self.backend):
@@ -102,9 +100,16 @@ class InvertedAttentionFC(_InvertedAttention):
     """
 
     def __init__(
-        self, in_caps: int, out_caps: int, in_d: int, out_d: int, iterations: int = 2, *,
-        matrix_pose: bool = False, agreement_scale: float = 1.0,
-    ):  # fmt: skip
+        self,
+        in_caps: int,
+        out_caps: int,
+        in_d: int,
+        out_d: int,
+        iterations: int = 2,
+        *,
+        matrix_pose: bool = False,
+        agreement_scale: float = 1.0,
+    ):
         super().__init__()
         check_sizes("InvertedAttentionFC", in_caps, out_caps, in_d, out_d, iterations)
         self.in_caps, self.out_caps, self.in_d, self.out_d = in_caps, out_caps, in_d, out_d
@@ -112,8 +117,10 @@ class InvertedAttentionFC(_InvertedAttention):
         self._init_weights(in_caps, out_caps, in_d, out_d, matrix_pose, fan_in=in_caps)
 
     def extra_repr(self) -> str:
-        return (f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}, "
-                f"iterations={self.iterations}, matrix_pose={self.matrix_pose}")  # fmt: skip
+        return (
+            f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}, "
+            f"iterations={self.iterations}, matrix_pose={self.matrix_pose}"
+        )
 
     def route(self, u: torch.Tensor, parent: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass of Procedure 1 from the parents' current poses (None: the uniform first pass). A capsule grid
@@ -121,9 +128,13 @@ class InvertedAttentionFC(_InvertedAttention):
         return self.passes(u.flatten(1, 3) if u.dim() == 5 else u, parent, 1)
 
     def forward(
-        self, u: torch.Tensor, a: torch.Tensor | None = None, *, parent: torch.Tensor | None = None,
+        self,
+        u: torch.Tensor,
+        a: torch.Tensor | None = None,
+        *,
+        parent: torch.Tensor | None = None,
         return_weights: bool = False,
-    ) -> torch.Tensor | RoutingOutput:  # fmt: skip
+    ) -> torch.Tensor | RoutingOutput:
         """u [B, in_caps, in_d] -> parent poses [B, out_caps, out_d]. With `parent` given: one pass from it (a step
         of concurrent routing); without: `iterations` sequential passes from p_j = 0."""
         check_capsules("InvertedAttentionFC", u, self.in_caps, self.in_d)
@@ -147,9 +158,18 @@ class InvertedAttentionConv(_InvertedAttention):
     """
 
     def __init__(
-        self, in_types: int, out_types: int, d: int, kernel_size: int = 3, stride: int = 1, iterations: int = 2,
-        *, matrix_pose: bool = True, agreement_scale: float = 1.0, windows: str = "true",
-    ):  # fmt: skip
+        self,
+        in_types: int,
+        out_types: int,
+        d: int,
+        kernel_size: int = 3,
+        stride: int = 1,
+        iterations: int = 2,
+        *,
+        matrix_pose: bool = True,
+        agreement_scale: float = 1.0,
+        windows: str = "true",
+    ):
         super().__init__()
         check_sizes("InvertedAttentionConv", in_types, out_types, d, kernel_size, stride, iterations)
         if windows not in ("true", "released"):
@@ -161,9 +181,11 @@ class InvertedAttentionConv(_InvertedAttention):
         self._init_weights(n_in, out_types, d, d, matrix_pose, fan_in=n_in)
 
     def extra_repr(self) -> str:
-        return (f"in_types={self.in_types}, out_types={self.out_types}, d={self.d}, kernel_size={self.k}, "
-                f"stride={self.stride}, iterations={self.iterations}, matrix_pose={self.matrix_pose}"
-                + (f", windows={self.windows!r}" if self.windows != "true" else ""))  # fmt: skip
+        return (
+            f"in_types={self.in_types}, out_types={self.out_types}, d={self.d}, kernel_size={self.k}, "
+            f"stride={self.stride}, iterations={self.iterations}, matrix_pose={self.matrix_pose}"
+            + (f", windows={self.windows!r}" if self.windows != "true" else "")
+        )
 
     def output_grid(self, size: int) -> int:
         return (size - self.k) // self.stride + 1
@@ -171,8 +193,9 @@ class InvertedAttentionConv(_InvertedAttention):
     def _windows(self, u: torch.Tensor) -> tuple[torch.Tensor, int, int]:
         """[B, T, H, W, d] -> children per output location [B·H'·W', k·k·T, d] (ordered type, ky, kx)."""
         if u.dim() != 5 or u.shape[1] != self.in_types or u.shape[4] != self.d:
-            raise ValueError(f"InvertedAttentionConv expects poses [B, {self.in_types}, H, W, {self.d}], "
-                             f"got {list(u.shape)}")  # fmt: skip
+            raise ValueError(
+                f"InvertedAttentionConv expects poses [B, {self.in_types}, H, W, {self.d}], got {list(u.shape)}"
+            )
         b, t, h, w, d = u.shape
         cols = F.unfold(u.permute(0, 1, 4, 2, 3).reshape(b, t * d, h, w), self.k, stride=self.stride)
         ho, wo = self.output_grid(h), self.output_grid(w)
@@ -184,9 +207,7 @@ class InvertedAttentionConv(_InvertedAttention):
     def _grid(self, p: torch.Tensor, b: int, ho: int, wo: int) -> torch.Tensor:
         return p.view(b, ho, wo, self.out_types, self.d).permute(0, 3, 1, 2, 4)  # [B, T', H', W', d]
 
-    def route(
-        self, u: torch.Tensor, parent: torch.Tensor | None, steps: int = 1
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def route(self, u: torch.Tensor, parent: torch.Tensor | None, steps: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """`steps` passes from the parents' poses [B, T', H', W', d] (None: p_j = 0) -> the new poses and the
         routing coefficients [B, H'·W', k·k·T, T']."""
         children, ho, wo = self._windows(u)

@@ -41,9 +41,16 @@ available, applicable = EXTENSION.checks()  # whether it is used; whether cpu_in
 
 @torch.library.custom_op("capsnet::inverted_attention_cpu", mutates_args=(), device_types="cpu")
 def _forward_op(
-    u: torch.Tensor, weight: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, parent: torch.Tensor | None,
-    passes: int, scale: float, eps: float, matrix: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    u: torch.Tensor,
+    weight: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    parent: torch.Tensor | None,
+    passes: int,
+    scale: float,
+    eps: float,
+    matrix: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(p [B, out, d], r [B, in, out] of the last pass, r_all [K, B, in, out] of the passes with agreement,
     s_all [B, passes, out, d] the sums before LayerNorm). With `matrix`, weight is `matrix_weight_rows`'s."""
     p0 = None if parent is None else parent.contiguous()
@@ -61,22 +68,51 @@ def _forward_op(
 def _(u, weight, gamma, beta, parent, passes, scale, eps, matrix):
     batch, n_in, n_out, d = u.shape[0], weight.shape[0], weight.shape[1], weight.shape[3]
     agreeing = passes if parent is not None else passes - 1
-    return (u.new_empty(batch, n_out, d), u.new_empty(batch, n_in, n_out),
-            u.new_empty(agreeing, batch, n_in, n_out), u.new_empty(batch, passes, n_out, d))  # fmt: skip
+    return (
+        u.new_empty(batch, n_out, d),
+        u.new_empty(batch, n_in, n_out),
+        u.new_empty(agreeing, batch, n_in, n_out),
+        u.new_empty(batch, passes, n_out, d),
+    )
 
 
 @torch.library.custom_op("capsnet::inverted_attention_cpu_backward", mutates_args=(), device_types="cpu")
 def _backward_op(
-    grad_p: torch.Tensor | None, grad_r: torch.Tensor | None, u: torch.Tensor, weight: torch.Tensor,
-    gamma: torch.Tensor, beta: torch.Tensor, parent: torch.Tensor | None, r_all: torch.Tensor, s_all: torch.Tensor,
-    passes: int, scale: float, eps: float, matrix: bool, need_u: bool, need_w: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    grad_p: torch.Tensor | None,
+    grad_r: torch.Tensor | None,
+    u: torch.Tensor,
+    weight: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    parent: torch.Tensor | None,
+    r_all: torch.Tensor,
+    s_all: torch.Tensor,
+    passes: int,
+    scale: float,
+    eps: float,
+    matrix: bool,
+    need_u: bool,
+    need_w: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dL/du, dL/dW, [dL/dγ; dL/dβ] [2, d], dL/dparent); an empty tensor stands for one not needed or absent."""
     p0 = None if parent is None else parent.contiguous()
     du, dw, dgb, dp0 = _kernel().backward(
-        grad_p, grad_r, u.contiguous(), weight.contiguous(), gamma.contiguous(), beta.contiguous(), p0,
-        r_all, s_all, passes, scale, eps, matrix, need_u, need_w,
-    )  # fmt: skip
+        grad_p,
+        grad_r,
+        u.contiguous(),
+        weight.contiguous(),
+        gamma.contiguous(),
+        beta.contiguous(),
+        p0,
+        r_all,
+        s_all,
+        passes,
+        scale,
+        eps,
+        matrix,
+        need_u,
+        need_w,
+    )
     empty = u.new_empty(0)
     return (du if need_u else empty), (dw if need_w else empty), dgb.sum(0), (empty if p0 is None else dp0)
 
@@ -107,12 +143,33 @@ def _backward(ctx, grad_p, grad_r, *_):
     if (grad_p is None and grad_r is None) or not any(ctx.needs_input_grad[:5]):
         return (None,) * 9
     du, dw, dgb, dp0 = _backward_op(
-        grad_p, grad_r, u, weight, gamma, beta, parent, r_all, s_all, ctx.passes, ctx.scale, ctx.eps, ctx.matrix,
-        need_u, need_w,
-    )  # fmt: skip
-    return (du if need_u else None, dw if need_w else None, dgb[0] if need_gamma else None,
-            dgb[1] if need_beta else None, dp0 if need_parent and parent is not None else None,
-            None, None, None, None)  # fmt: skip
+        grad_p,
+        grad_r,
+        u,
+        weight,
+        gamma,
+        beta,
+        parent,
+        r_all,
+        s_all,
+        ctx.passes,
+        ctx.scale,
+        ctx.eps,
+        ctx.matrix,
+        need_u,
+        need_w,
+    )
+    return (
+        du if need_u else None,
+        dw if need_w else None,
+        dgb[0] if need_gamma else None,
+        dgb[1] if need_beta else None,
+        dp0 if need_parent and parent is not None else None,
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -127,9 +184,15 @@ def matrix_weight_rows(weight: torch.Tensor) -> torch.Tensor:
 
 
 def cpu_inverted_attention(
-    u: torch.Tensor, weight: torch.Tensor, norm: nn.LayerNorm, parent: torch.Tensor | None, passes: int, *,
-    scale: float = 1.0, matrix_pose: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    u: torch.Tensor,
+    weight: torch.Tensor,
+    norm: nn.LayerNorm,
+    parent: torch.Tensor | None,
+    passes: int,
+    *,
+    scale: float = 1.0,
+    matrix_pose: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`passes` passes of Procedure 1 (Tsai et al.) from the parents' poses `parent` [N, out, d] (None: p_j = 0)
     by the fused kernel, votes included. u [N, in, d_in], W [in, out, d_in, d_out] (or [in, out, √d, √d] with
     matrix_pose). Returns the new poses [N, out, d] and the last pass's routing coefficients r [N, in, out].
@@ -144,7 +207,14 @@ def cpu_inverted_attention(
         w = matrix_weight_rows(w) if matrix_pose else w
         p0 = None if parent is None else parent.to(dtype)
         p, r, _, _ = _forward_op(
-            u.to(dtype), w, norm.weight.to(dtype), norm.bias.to(dtype), p0, passes, float(scale), float(norm.eps),
+            u.to(dtype),
+            w,
+            norm.weight.to(dtype),
+            norm.bias.to(dtype),
+            p0,
+            passes,
+            float(scale),
+            float(norm.eps),
             matrix_pose,
-        )  # fmt: skip
+        )
     return p, r

@@ -138,10 +138,18 @@ class ConvCaps(_CentredActivations):
     Parameters: K·K·T_in·T_out·16 (W) + 2·T_out (β_u, β_a)."""
 
     def __init__(
-        self, in_types: int, out_types: int, *, kernel_size: int = 3, stride: int = 1, iterations: int = 3,
-        final_lambda: float = FINAL_LAMBDA, min_var: float = MIN_VAR, weight_std: float = 1.0,
+        self,
+        in_types: int,
+        out_types: int,
+        *,
+        kernel_size: int = 3,
+        stride: int = 1,
+        iterations: int = 3,
+        final_lambda: float = FINAL_LAMBDA,
+        min_var: float = MIN_VAR,
+        weight_std: float = 1.0,
         centre_activations: bool = False,
-    ):  # fmt: skip
+    ):
         super().__init__()
         self.in_types, self.out_types = in_types, out_types
         self.kernel_size, self.stride = kernel_size, stride
@@ -156,8 +164,10 @@ class ConvCaps(_CentredActivations):
         self.fast = True
 
     def extra_repr(self) -> str:
-        return (f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, iterations={self.iterations}")  # fmt: skip
+        return (
+            f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, iterations={self.iterations}"
+        )
 
     def output_grid(self, height: int, width: int) -> tuple[int, int]:
         k, s = self.kernel_size, self.stride
@@ -215,10 +225,17 @@ class ClassCaps(_CentredActivations):
     centres: torch.Tensor | None  # a buffer: the coordinates added to the votes, or None without coordinate addition
 
     def __init__(
-        self, in_types: int, n_classes: int, *, iterations: int = 3, final_lambda: float = FINAL_LAMBDA,
-        min_var: float = MIN_VAR, centres: torch.Tensor | None = None, weight_std: float = 1.0,
+        self,
+        in_types: int,
+        n_classes: int,
+        *,
+        iterations: int = 3,
+        final_lambda: float = FINAL_LAMBDA,
+        min_var: float = MIN_VAR,
+        centres: torch.Tensor | None = None,
+        weight_std: float = 1.0,
         centre_activations: bool = False,
-    ):  # fmt: skip
+    ):
         super().__init__()
         self.in_types, self.n_classes = in_types, n_classes
         self.iterations, self.final_lambda, self.min_var = iterations, final_lambda, min_var
@@ -230,8 +247,10 @@ class ClassCaps(_CentredActivations):
         self._setup_centring(centre_activations)
 
     def extra_repr(self) -> str:
-        return f"in_types={self.in_types}, n_classes={self.n_classes}, iterations={self.iterations}, " \
-               f"coordinate_addition={self.centres is not None}"  # fmt: skip
+        return (
+            f"in_types={self.in_types}, n_classes={self.n_classes}, iterations={self.iterations}, "
+            f"coordinate_addition={self.centres is not None}"
+        )
 
     def forward(self, poses: torch.Tensor, activations: torch.Tensor) -> EMResult:
         """poses [B, H, W, T, 16], activations [B, H, W, T] -> EMResult with P = 1: poses [B, 1, n, 16],
@@ -246,6 +265,11 @@ class ClassCaps(_CentredActivations):
         votes = class_votes(poses, self.weight, self.centres)  # [B, 1, J, H·W·T, 16]
         a = activations.reshape(b, 1, hh * ww * t)
         return em_routing(
-            votes, a, self.beta_u, self.beta_a, iterations=self.iterations, final_lambda=self.final_lambda,
+            votes,
+            a,
+            self.beta_u,
+            self.beta_a,
+            iterations=self.iterations,
+            final_lambda=self.final_lambda,
             min_var=self.min_var,
-        )  # fmt: skip
+        )

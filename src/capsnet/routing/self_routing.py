@@ -82,9 +82,16 @@ class SelfRoutingFC(_SelfRouting):
     """
 
     def __init__(
-        self, in_caps: int, out_caps: int, in_d: int, out_d: int, *, matrix_pose: bool = False, pose_out: bool = True,
+        self,
+        in_caps: int,
+        out_caps: int,
+        in_d: int,
+        out_d: int,
+        *,
+        matrix_pose: bool = False,
+        pose_out: bool = True,
         fast: bool = True,
-    ):  # fmt: skip
+    ):
         super().__init__()
         check_sizes("SelfRoutingFC", in_caps, out_caps, in_d, out_d)
         self.in_caps, self.out_caps, self.in_d, self.out_d = in_caps, out_caps, in_d, (out_d if pose_out else 1)
@@ -111,9 +118,17 @@ class SelfRoutingConv(_SelfRouting):
     [B, T, H, W] -> poses [B, T', H', W', d_out] and activations [B, T', H', W'] (no padding)."""
 
     def __init__(
-        self, in_types: int, out_types: int, in_d: int, out_d: int, kernel_size: int = 3, stride: int = 1, *,
-        matrix_pose: bool = False, fast: bool = True,
-    ):  # fmt: skip
+        self,
+        in_types: int,
+        out_types: int,
+        in_d: int,
+        out_d: int,
+        kernel_size: int = 3,
+        stride: int = 1,
+        *,
+        matrix_pose: bool = False,
+        fast: bool = True,
+    ):
         super().__init__()
         check_sizes("SelfRoutingConv", in_types, out_types, in_d, out_d, kernel_size, stride)
         self.in_types, self.out_types, self.in_d, self.out_d = in_types, out_types, in_d, out_d
@@ -122,16 +137,20 @@ class SelfRoutingConv(_SelfRouting):
         self.fast = fast
 
     def extra_repr(self) -> str:
-        return (f"in_types={self.in_types}, out_types={self.out_types}, in_d={self.in_d}, out_d={self.out_d}, "
-                f"kernel_size={self.k}, stride={self.stride}")  # fmt: skip
+        return (
+            f"in_types={self.in_types}, out_types={self.out_types}, in_d={self.in_d}, out_d={self.out_d}, "
+            f"kernel_size={self.k}, stride={self.stride}"
+        )
 
     def output_grid(self, size: int) -> int:
         return (size - self.k) // self.stride + 1
 
     def forward(self, u: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if u.dim() != 5 or u.shape[1] != self.in_types or u.shape[4] != self.in_d or a.shape != u.shape[:4]:
-            raise ValueError(f"SelfRoutingConv expects poses [B, {self.in_types}, H, W, {self.in_d}] and activations "
-                             f"[B, {self.in_types}, H, W], got {list(u.shape)} and {list(a.shape)}")  # fmt: skip
+            raise ValueError(
+                f"SelfRoutingConv expects poses [B, {self.in_types}, H, W, {self.in_d}] and activations "
+                f"[B, {self.in_types}, H, W], got {list(u.shape)} and {list(a.shape)}"
+            )
         b, t, h, w, d = u.shape
         ho, wo, kk = self.output_grid(h), self.output_grid(w), self.k * self.k
         both = torch.cat([u.permute(0, 1, 4, 2, 3), a.unsqueeze(2)], dim=2).reshape(b, t * (d + 1), h, w)

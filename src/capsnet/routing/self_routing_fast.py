@@ -149,9 +149,15 @@ def default_chunk(batch: int, n_in: int, n_out: int, d_in: int, device: torch.de
 
 
 def fast_self_routing(
-    u: torch.Tensor, a: torch.Tensor, pose_weight: torch.Tensor | None, route_weight: torch.Tensor,
-    route_bias: torch.Tensor, *, matrix_pose: bool = False, chunk: int | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:  # fmt: skip
+    u: torch.Tensor,
+    a: torch.Tensor,
+    pose_weight: torch.Tensor | None,
+    route_weight: torch.Tensor,
+    route_bias: torch.Tensor,
+    *,
+    matrix_pose: bool = False,
+    chunk: int | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """Self-routing of a fully connected layer, equal to `capsnet.routing.self_routing.self_routing`
     (same arguments and returns: poses [N, n_out, d_out] or None, activations [N, n_out], c [N, n_in, n_out]),
     without forming the votes. float64 inputs run in float64, anything else (e.g. bf16 under autocast) in float32.

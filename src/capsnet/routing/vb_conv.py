@@ -52,9 +52,17 @@ class VBConvCaps(nn.Module):
     Parameters: K·K·T_in·T_out·16 (W) + 2·T_out (β_u, β_a)."""
 
     def __init__(
-        self, in_types: int, out_types: int, *, kernel_size: int = 3, stride: int = 1, iterations: int = 3,
-        prior: VBPrior = DEFAULT_PRIOR, min_normaliser: float = MIN_NORMALISER, batchnorm: bool = True,
-    ):  # fmt: skip
+        self,
+        in_types: int,
+        out_types: int,
+        *,
+        kernel_size: int = 3,
+        stride: int = 1,
+        iterations: int = 3,
+        prior: VBPrior = DEFAULT_PRIOR,
+        min_normaliser: float = MIN_NORMALISER,
+        batchnorm: bool = True,
+    ):
         super().__init__()
         self.in_types, self.out_types = in_types, out_types
         self.kernel_size, self.stride = kernel_size, stride
@@ -68,8 +76,10 @@ class VBConvCaps(nn.Module):
         self._index_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def extra_repr(self) -> str:
-        return (f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, iterations={self.iterations}")  # fmt: skip
+        return (
+            f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, iterations={self.iterations}"
+        )
 
     def output_grid(self, height: int, width: int) -> tuple[int, int]:
         k, s = self.kernel_size, self.stride
@@ -97,9 +107,17 @@ class VBConvCaps(nn.Module):
             m, a = gather_fields(
                 poses.to(dtype), activations.to(dtype), pos, out_h * out_w
             )  # [B, P, I, 4, 4], [B, P, I]
-            res = vb_routing(field_votes(m, self.weight.to(dtype)), a, self.beta_u.to(dtype), self.beta_a.to(dtype),
-                             iterations=self.iterations, prior=self.prior, child_index=child,
-                             n_children=hh * ww * t, min_normaliser=self.min_normaliser)  # fmt: skip
+            res = vb_routing(
+                field_votes(m, self.weight.to(dtype)),
+                a,
+                self.beta_u.to(dtype),
+                self.beta_a.to(dtype),
+                iterations=self.iterations,
+                prior=self.prior,
+                child_index=child,
+                n_children=hh * ww * t,
+                min_normaliser=self.min_normaliser,
+            )
         return res, (out_h, out_w)
 
     def forward(self, poses: torch.Tensor, activations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,9 +138,16 @@ class VBClassCaps(nn.Module):
     centres: torch.Tensor | None  # a buffer, not saved
 
     def __init__(
-        self, in_types: int, n_classes: int, *, iterations: int = 3, centres: torch.Tensor | None = None,
-        prior: VBPrior = DEFAULT_PRIOR, min_normaliser: float = MIN_NORMALISER, batchnorm: bool = True,
-    ):  # fmt: skip
+        self,
+        in_types: int,
+        n_classes: int,
+        *,
+        iterations: int = 3,
+        centres: torch.Tensor | None = None,
+        prior: VBPrior = DEFAULT_PRIOR,
+        min_normaliser: float = MIN_NORMALISER,
+        batchnorm: bool = True,
+    ):
         super().__init__()
         self.in_types, self.n_classes = in_types, n_classes
         self.iterations, self.prior, self.min_normaliser = iterations, prior, min_normaliser
@@ -134,8 +159,10 @@ class VBClassCaps(nn.Module):
         self.register_buffer("centres", centres, persistent=False)
 
     def extra_repr(self) -> str:
-        return f"in_types={self.in_types}, n_classes={self.n_classes}, iterations={self.iterations}, " \
-               f"coordinate_addition={self.centres is not None}"  # fmt: skip
+        return (
+            f"in_types={self.in_types}, n_classes={self.n_classes}, iterations={self.iterations}, "
+            f"coordinate_addition={self.centres is not None}"
+        )
 
     def forward(self, poses: torch.Tensor, activations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, VBResult]:
         """poses [B, H, W, T, 16], activations [B, H, W, T] -> class poses [B, n, 16], activations [B, n], and the
@@ -146,9 +173,15 @@ class VBClassCaps(nn.Module):
         with torch.autocast(device_type=poses.device.type, enabled=False):  # in float32 (or 64): routing_dtype
             dtype = routing_dtype(poses)
             votes = class_votes(poses.to(dtype), self.weight.to(dtype), self.centres)  # [B, 1, J, H·W·T, 16]
-            res = vb_routing(votes, activations.to(dtype).reshape(b, 1, hh * ww * t), self.beta_u.to(dtype),
-                             self.beta_a.to(dtype), iterations=self.iterations, prior=self.prior,
-                             min_normaliser=self.min_normaliser)  # fmt: skip
+            res = vb_routing(
+                votes,
+                activations.to(dtype).reshape(b, 1, hh * ww * t),
+                self.beta_u.to(dtype),
+                self.beta_a.to(dtype),
+                iterations=self.iterations,
+                prior=self.prior,
+                min_normaliser=self.min_normaliser,
+            )
         m, a = self.norm(res)
         return m[:, 0], a[:, 0], res
 

@@ -44,10 +44,18 @@ class VBRoutingFC(nn.Module):
     activations = True  # returns the parents' activations a_j
 
     def __init__(
-        self, in_caps: int, out_caps: int, in_d: int, out_d: int = 16, iterations: int = 3, *,
-        weight_std: float | None = None, prior: VBPrior = DEFAULT_PRIOR, batchnorm: bool = True,
+        self,
+        in_caps: int,
+        out_caps: int,
+        in_d: int,
+        out_d: int = 16,
+        iterations: int = 3,
+        *,
+        weight_std: float | None = None,
+        prior: VBPrior = DEFAULT_PRIOR,
+        batchnorm: bool = True,
         min_normaliser: float = 0.0,
-    ):  # fmt: skip
+    ):
         super().__init__()
         check_sizes("VBRoutingFC", in_caps, out_caps, in_d, out_d, iterations)
         self.in_caps, self.out_caps, self.in_d, self.out_d = in_caps, out_caps, in_d, out_d
@@ -60,8 +68,10 @@ class VBRoutingFC(nn.Module):
         nn.init.normal_(self.weight, std=self.weight_std)
 
     def extra_repr(self) -> str:
-        return (f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}, "
-                f"iterations={self.iterations}")  # fmt: skip
+        return (
+            f"in_caps={self.in_caps}, out_caps={self.out_caps}, in_d={self.in_d}, out_d={self.out_d}, "
+            f"iterations={self.iterations}"
+        )
 
     def forward(
         self, u: torch.Tensor, a: torch.Tensor | None = None, *, return_weights: bool = False
@@ -74,9 +84,15 @@ class VBRoutingFC(nn.Module):
             a = u.new_ones(u.shape[:2], dtype=dtype) if a is None else a.to(dtype)
             v = votes(self.weight.to(dtype), u.to(dtype))  # V_ij = W_ij u_i  [B, I, J, d_out]
             # vb_routing's layout: one parent position P = 1, votes [B, 1, J, I, d_out], child activations [B, 1, I]
-            res = vb_routing(v.transpose(1, 2).unsqueeze(1), a.unsqueeze(1), self.beta_u.to(dtype),
-                             self.beta_a.to(dtype), iterations=self.iterations, prior=self.prior,
-                             min_normaliser=self.min_normaliser)  # fmt: skip
+            res = vb_routing(
+                v.transpose(1, 2).unsqueeze(1),
+                a.unsqueeze(1),
+                self.beta_u.to(dtype),
+                self.beta_a.to(dtype),
+                iterations=self.iterations,
+                prior=self.prior,
+                min_normaliser=self.min_normaliser,
+            )
         poses, acts = self.norm(res)  # [B, 1, J, d_out], [B, 1, J]
         if not return_weights:
             return poses[:, 0]

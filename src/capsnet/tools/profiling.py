@@ -76,8 +76,11 @@ def _cuda_kernels(events) -> tuple[list, list[float], float, float]:
     on the device's timeline); the host's gaps between launch calls; the device's busy time (the union of its
     activities) and the window from the first to the last one (µs)."""
     ops = {e.id: e for e in events if e.device_type.name == "CPU" and e.linked_correlation_id == 0}
-    kernels = [(e, ops.get(e.linked_correlation_id), e.time_range.end - e.time_range.start)
-               for e in events if e.device_type.name == "CUDA" and not e.is_user_annotation]  # fmt: skip
+    kernels = [
+        (e, ops.get(e.linked_correlation_id), e.time_range.end - e.time_range.start)
+        for e in events
+        if e.device_type.name == "CUDA" and not e.is_user_annotation
+    ]
     calls = sorted(e.time_range.start for e in events if e.device_type.name == "CPU" and e.linked_correlation_id > 0)
     spans = [(e.time_range.start, e.time_range.end) for e, _, _ in kernels]
     window = (max(b for _, b in spans) - min(a for a, _ in spans)) if spans else 0.0
@@ -87,10 +90,19 @@ def _cuda_kernels(events) -> tuple[list, list[float], float, float]:
 def _cpu_kernels(events, host_us: float) -> tuple[list, list[float], float, float]:
     """As `_cuda_kernels` for a CPU profile of `host_us` µs of steps: each operator with its own time; the
     host's time outside every operator, per operator (no device timeline: window 0)."""
-    kernels = [(e, e, e.self_cpu_time_total) for e in events if not e.is_user_annotation
-               and e.device_type.name == "CPU" and e.self_cpu_time_total > 0 and not _is_backward_node(e)]  # fmt: skip
-    outer = [(e.time_range.start, e.time_range.end) for e in events
-             if not e.is_user_annotation and (e.cpu_parent is None or e.cpu_parent.is_user_annotation)]  # fmt: skip
+    kernels = [
+        (e, e, e.self_cpu_time_total)
+        for e in events
+        if not e.is_user_annotation
+        and e.device_type.name == "CPU"
+        and e.self_cpu_time_total > 0
+        and not _is_backward_node(e)
+    ]
+    outer = [
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if not e.is_user_annotation and (e.cpu_parent is None or e.cpu_parent.is_user_annotation)
+    ]
     busy = _union_us(outer)
     return kernels, ([(host_us - busy) / len(kernels)] if kernels else []), busy, 0.0
 
@@ -114,13 +126,24 @@ def summarize(events, *, steps: int, device_type: str, top: int = 12, labels: se
         by_name[e.name].append(us)
     kernel_us = sum(us for _, _, us in kernels)
     ms = 1e-3 / steps  # µs in total -> ms per step
-    phases = [{"phase": p, "forward_ms": round(per_phase[p]["forward"] * ms, 3),
-               "backward_ms": round(per_phase[p]["backward"] * ms, 3)}
-              for p in [p for p in PHASES if p in per_phase] + sorted(set(per_phase) - set(PHASES))]  # fmt: skip
+    phases = [
+        {
+            "phase": p,
+            "forward_ms": round(per_phase[p]["forward"] * ms, 3),
+            "backward_ms": round(per_phase[p]["backward"] * ms, 3),
+        }
+        for p in [p for p in PHASES if p in per_phase] + sorted(set(per_phase) - set(PHASES))
+    ]
     ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
-    top_kernels = [{"name": name[:100], "calls_per_step": round(len(times) / steps, 1),
-                    "ms_per_step": round(sum(times) * ms, 3),
-                    "pct": round(100.0 * sum(times) / max(kernel_us, 1e-9), 1)} for name, times in ranked]  # fmt: skip
+    top_kernels = [
+        {
+            "name": name[:100],
+            "calls_per_step": round(len(times) / steps, 1),
+            "ms_per_step": round(sum(times) * ms, 3),
+            "pct": round(100.0 * sum(times) / max(kernel_us, 1e-9), 1),
+        }
+        for name, times in ranked
+    ]
     return {
         "steps": steps,
         "step_ms": round(step_us * 1e-3, 3),
@@ -153,8 +176,15 @@ def profile_training(config, model_config=None, *, steps: int = 5, warmup: int =
 
     def epochs() -> Iterator[Any]:  # the training batches, epoch after epoch
         for epoch in itertools.count():
-            yield from run.task.batches(epoch=epoch, batch_size=size, seed=config.seed, rank=0, world_size=1,
-                                        device=device, generator=run.augment_rng)  # fmt: skip
+            yield from run.task.batches(
+                epoch=epoch,
+                batch_size=size,
+                seed=config.seed,
+                rank=0,
+                world_size=1,
+                device=device,
+                generator=run.augment_rng,
+            )
 
     batches = epochs()
     run.model.train()
@@ -185,18 +215,29 @@ def synchronize(device: torch.device) -> None:
 
 def markdown(reports: list[dict], *, top: int = 8) -> list[str]:
     """Markdown lines: one summary row per profiled configuration, then each one's phases and top kernels."""
-    lines = ["| variant | batch | step ms | kernel ms | device idle % | launches/step | host µs between launches |",
-             "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| variant | batch | step ms | kernel ms | device idle % | launches/step | host µs between launches |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in reports:
         idle = "-" if r["device_idle_pct"] is None else f"{r['device_idle_pct']:.1f}"
         gap = "-" if r["host_gap_us"] is None else f"{r['host_gap_us']:.1f}"
-        lines.append(f"| {r.get('variant', r['precision'])} | {r['batch']} | {r['step_ms']:.2f} | "
-                     f"{r['kernel_ms']:.2f} | {idle} | {r['launches_per_step']:.0f} | {gap} |")  # fmt: skip
+        lines.append(
+            f"| {r.get('variant', r['precision'])} | {r['batch']} | {r['step_ms']:.2f} | "
+            f"{r['kernel_ms']:.2f} | {idle} | {r['launches_per_step']:.0f} | {gap} |"
+        )
     for r in reports:
-        lines += ["", f"{r.get('variant', r['precision'])}, batch {r['batch']}: kernel time per phase (ms per step)",
-                  "", "| phase | forward | backward |", "|---|---:|---:|"]  # fmt: skip
+        lines += [
+            "",
+            f"{r.get('variant', r['precision'])}, batch {r['batch']}: kernel time per phase (ms per step)",
+            "",
+            "| phase | forward | backward |",
+            "|---|---:|---:|",
+        ]
         lines += [f"| {p['phase']} | {p['forward_ms']:.3f} | {p['backward_ms']:.3f} |" for p in r["phases"]]
         lines += ["", "| kernel | calls/step | ms/step | % |", "|---|---:|---:|---:|"]
-        lines += [f"| `{k['name'][:70]}` | {k['calls_per_step']:g} | {k['ms_per_step']:.3f} | {k['pct']:.1f} |"
-                  for k in r["top_kernels"][:top]]  # fmt: skip
+        lines += [
+            f"| `{k['name'][:70]}` | {k['calls_per_step']:g} | {k['ms_per_step']:.3f} | {k['pct']:.1f} |"
+            for k in r["top_kernels"][:top]
+        ]
     return lines

@@ -93,10 +93,16 @@ def ship_card(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"{run}: best/ was not chosen on validation data, so it does not ship")
     try:
         train, best = record["train"], tested["best"]
-        card = {"command": train_command(record), "dataset": train["dataset"], "val_accuracy": best["val_acc"],
-                "test_accuracy": best["accuracy"], "epoch": best["epoch"],
-                "capsnet_version": best_meta.get("capsnet_version", "unknown"),
-                "validation": record.get("validation", {}), "test_n": best["n"]}  # fmt: skip
+        card = {
+            "command": train_command(record),
+            "dataset": train["dataset"],
+            "val_accuracy": best["val_acc"],
+            "test_accuracy": best["accuracy"],
+            "epoch": best["epoch"],
+            "capsnet_version": best_meta.get("capsnet_version", "unknown"),
+            "validation": record.get("validation", {}),
+            "test_n": best["n"],
+        }
     except (KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{run}: its config.json or {TEST_NAME} lacks what a card records ({e!r})") from None
     return {**card, "data_md5": data_md5s(train["dataset"], train.get("data_dir"))}

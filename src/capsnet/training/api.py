@@ -50,8 +50,10 @@ from .record import resumed_configs, split_changes
 from .runfolder import abandon, open_run, release
 from .tasks import Task
 
-PROTOCOL = ("forward(images, labels=None) returning an object with .predictions [B], and loss(out, images, labels) "
-            "returning (loss, parts)")  # fmt: skip
+PROTOCOL = (
+    "forward(images, labels=None) returning an object with .predictions [B], and loss(out, images, labels) "
+    "returning (loss, parts)"
+)
 
 
 def train(
@@ -164,19 +166,36 @@ def fit(
     if not isinstance(model, nn.Module):
         raise ConfigError(f"fit: model must be an nn.Module, got {type(model).__name__}")
     if not callable(getattr(model, "loss", None)):
-        raise ConfigError(f"fit: {type(model).__name__} has no loss(out, images, labels) method; a model needs "
-                          f"{PROTOCOL}")  # fmt: skip
+        raise ConfigError(
+            f"fit: {type(model).__name__} has no loss(out, images, labels) method; a model needs {PROTOCOL}"
+        )
     cls = type(model)
     config = FitConfig(
-        epochs=epochs, out=str(out), model=model_name(model), batch_size=batch_size, eval_batch_size=eval_batch_size,
+        epochs=epochs,
+        out=str(out),
+        model=model_name(model),
+        batch_size=batch_size,
+        eval_batch_size=eval_batch_size,
         lr=lr if lr is not None or resume else default_lr(model),  # (resuming, unset: the run's)
-        lr_decay=lr_decay if lr_decay is not None or lr_end is not None or resume else getattr(cls, "default_lr_decay",
-                                                                                                None),
-        lr_end=lr_end, val_fraction=val_fraction, val_seed=val_seed, monitor=monitor, ema=ema, seed=seed,
-        workers=workers, device=device,
-        precision=precision, compile=compile, channels_last=channels_last, progress=progress,
-        tensorboard=tensorboard, resume=resume, overwrite=overwrite,
-    )  # fmt: skip
+        lr_decay=lr_decay
+        if lr_decay is not None or lr_end is not None or resume
+        else getattr(cls, "default_lr_decay", None),
+        lr_end=lr_end,
+        val_fraction=val_fraction,
+        val_seed=val_seed,
+        monitor=monitor,
+        ema=ema,
+        seed=seed,
+        workers=workers,
+        device=device,
+        precision=precision,
+        compile=compile,
+        channels_last=channels_last,
+        progress=progress,
+        tensorboard=tensorboard,
+        resume=resume,
+        overwrite=overwrite,
+    )
     cfg = getattr(model, "config", None)
     if digits is not None and dataclasses.is_dataclass(cfg) and hasattr(cfg, "digits"):
         cfg.digits = bool(digits)  # what the model records of its data (capsnet predict reads it)
@@ -184,13 +203,22 @@ def fit(
     if names is not None and dataclasses.is_dataclass(cfg) and hasattr(cfg, "class_names") and not resume:
         n_classes = getattr(cfg, "n_classes", len(names))
         if len(names) != n_classes:
-            raise DatasetError(f"train_data.classes names {len(names)} classes, the {cls.__name__} has {n_classes} "
-                               "(its config's n_classes)")  # fmt: skip
+            raise DatasetError(
+                f"train_data.classes names {len(names)} classes, the {cls.__name__} has {n_classes} "
+                "(its config's n_classes)"
+            )
         cfg.class_names = names  # what the model's predictions are called (capsnet predict prints them)
     if lr is None and not resume and progress:
         LOGGER.info(f"lr {config.lr:g} ({cls.__name__}'s default for its size; set lr= to change)")
-    task = LoaderTask(train_data, val=val_data, test=test_data, val_fraction=config.val_fraction,
-                      val_seed=config.val_seed, workers=config.workers, recipe=recipe_of(model))  # fmt: skip
+    task = LoaderTask(
+        train_data,
+        val=val_data,
+        test=test_data,
+        val_fraction=config.val_fraction,
+        val_seed=config.val_seed,
+        workers=config.workers,
+        recipe=recipe_of(model),
+    )
     with warnings_only(not progress):  # progress=False: no bar and no information lines, warnings still
         return launch(config, lambda device, dist: _make_run(config, model, task, device, dist), on_step)
 
@@ -229,9 +257,16 @@ def _make_run(config: FitConfig, model: nn.Module, task: LoaderTask, device: tor
         model.to(device)
         check_first_batch(model, task, batch_size=settled.batch_size, device=device)
 
-    opened = open_run(config, device, dist, make_task=lambda settled: task, check_task=check_task,
-                      model_settings=to_dict(model_config) if model_config is not None else None, flag="resume=True",
-                      batches=task.source.indexed)  # fmt: skip
+    opened = open_run(
+        config,
+        device,
+        dist,
+        make_task=lambda settled: task,
+        check_task=check_task,
+        model_settings=to_dict(model_config) if model_config is not None else None,
+        flag="resume=True",
+        batches=task.source.indexed,
+    )
     try:
         torch.manual_seed(opened.config.seed)  # dropout and the rest of the run's random numbers
         return assemble(opened.config, model, task, device, dist, saved=opened.saved, model_config=model_config)
@@ -253,13 +288,17 @@ def check_first_batch(model: nn.Module, task: LoaderTask, *, batch_size: int, de
     if all(hasattr(cfg, k) for k in ("in_channels", "image_size", "n_classes")):
         want = (cfg.in_channels, *image_hw(cfg.image_size))
         if tuple(images.shape[1:]) != want:
-            raise DatasetError(f"train_data: images are {'x'.join(map(str, images.shape[1:]))}, the "
-                               f"{type(model).__name__} expects {'x'.join(map(str, want))} (its config's "
-                               "in_channels and image_size)")  # fmt: skip
+            raise DatasetError(
+                f"train_data: images are {'x'.join(map(str, images.shape[1:]))}, the "
+                f"{type(model).__name__} expects {'x'.join(map(str, want))} (its config's "
+                "in_channels and image_size)"
+            )
         top = int(task.labels.max()) if task.labels is not None else int(labels.max())
         if top >= cfg.n_classes or int(labels.min()) < 0:
-            raise DatasetError(f"train_data: labels go up to {top}, the {type(model).__name__} has {cfg.n_classes} "
-                               "classes (its config's n_classes)")  # fmt: skip
+            raise DatasetError(
+                f"train_data: labels go up to {top}, the {type(model).__name__} has {cfg.n_classes} "
+                "classes (its config's n_classes)"
+            )
     shapes = f"images {list(images.shape)} {str(images.dtype).replace('torch.', '')}, labels {list(labels.shape)}"
     name = type(model).__name__
     was_training = model.training
@@ -269,11 +308,17 @@ def check_first_batch(model: nn.Module, task: LoaderTask, *, batch_size: int, de
         predictions = getattr(out, "predictions", None)
         if not isinstance(predictions, torch.Tensor) or tuple(predictions.shape) != (len(labels),):
             got = list(predictions.shape) if isinstance(predictions, torch.Tensor) else "none"
-            raise ConfigError(f"fit: {name}'s output has .predictions {got}, not class indices [{len(labels)}]; a "
-                              f"model needs {PROTOCOL}")  # fmt: skip
+            raise ConfigError(
+                f"fit: {name}'s output has .predictions {got}, not class indices [{len(labels)}]; a "
+                f"model needs {PROTOCOL}"
+            )
         result = _call(lambda: model.loss(out, images, labels), f"{name}.loss(out, images, labels) failed")  # type: ignore[operator]
-        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.Tensor)
-                and result[0].dim() == 0):  # fmt: skip
+        if not (
+            isinstance(result, tuple)
+            and len(result) == 2
+            and isinstance(result[0], torch.Tensor)
+            and result[0].dim() == 0
+        ):
             raise ConfigError(f"fit: {name}.loss returned {type(result).__name__}, not (scalar loss tensor, parts)")
     finally:
         model.train(was_training)
@@ -284,5 +329,6 @@ def _call(fn: Callable[[], Any], what: str) -> Any:
         return fn()
     except Exception as e:  # the user's module: any error, as one line
         line = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise ConfigError(f"fit: {what}: {type(e).__name__}: {line}" if line else f"fit: {what}: {type(e).__name__}"
-                          ) from None  # fmt: skip
+        raise ConfigError(
+            f"fit: {what}: {type(e).__name__}: {line}" if line else f"fit: {what}: {type(e).__name__}"
+        ) from None

@@ -146,8 +146,21 @@ def assemble(
         trained = torch.nn.parallel.DistributedDataParallel(trained, device_ids=ids)
     if config.compile:
         trained = cast(torch.nn.Module, torch.compile(trained))
-    return Run(config, model_config, device, dist, task, model, trained, optimizer, scheduler, augment_rng,
-               Path(config.out), saved, ema=ema)  # fmt: skip
+    return Run(
+        config,
+        model_config,
+        device,
+        dist,
+        task,
+        model,
+        trained,
+        optimizer,
+        scheduler,
+        augment_rng,
+        Path(config.out),
+        saved,
+        ema=ema,
+    )
 
 
 def init_from_data(model: nn.Module, task: Task, config, device: torch.device, dist) -> None:
@@ -158,8 +171,7 @@ def init_from_data(model: nn.Module, task: Task, config, device: torch.device, d
     if hook is None or hook is Pretrained.init_from_data:
         return
     assert config.batch_size is not None  # resolved by runfolder.open_run()
-    first = task.init_batch(batch_size=config.batch_size, seed=config.seed, world_size=dist.world_size,
-                            device=device)  # fmt: skip
+    first = task.init_batch(batch_size=config.batch_size, seed=config.seed, world_size=dist.world_size, device=device)
     if first is not None:  # (an epoch without batches trains nothing either)
         cast(Any, model).init_from_data(first.images)
 

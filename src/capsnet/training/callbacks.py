@@ -153,8 +153,11 @@ class RunLog:
             f"{row['images_per_s']:.0f} img/s  {row['seconds']:.1f}s"
         )
         if self.writer is not None:
-            held = tuple(k for k in (f"{split}_loss", f"{split}_acc", f"ema_{split}_loss", f"ema_{split}_acc")
-                         if k in row) if split else ()  # fmt: skip
+            held = (
+                tuple(k for k in (f"{split}_loss", f"{split}_acc", f"ema_{split}_loss", f"ema_{split}_acc") if k in row)
+                if split
+                else ()
+            )
             for key in ("train_loss", "train_acc", *held, "lr", "images_per_s"):
                 self.writer.add_scalar(f"epoch/{key}", row[key], int(row["epoch"]))
             self.writer.flush()
@@ -163,8 +166,11 @@ class RunLog:
         """The test split's figures of best/ and last/, once, at the end of the run."""
         if not self.enabled:
             return
-        parts = [f"{name}/ (epoch {report[name]['epoch']}) {report[name]['accuracy']:.4f}"
-                 for name in ("best", "last") if name in report]  # fmt: skip
+        parts = [
+            f"{name}/ (epoch {report[name]['epoch']}) {report[name]['accuracy']:.4f}"
+            for name in ("best", "last")
+            if name in report
+        ]
         LOGGER.info(f"test accuracy: {', '.join(parts)}; best/ chosen on {describe_selection(report)}")
         if self.writer is not None:
             for name in ("best", "last"):
@@ -185,6 +191,8 @@ class RunLog:
             elif epoch == 0:
                 where = f"stopped in epoch 1 at batch {batch}, before any checkpoint (the data is an iterable)"
             else:
-                where = (f"stopped in epoch {epoch + 1} at batch {batch}; the data is an iterable, so the checkpoint "
-                         f"of epoch {epoch} is kept and a resumed run starts epoch {epoch + 1} again")  # fmt: skip
+                where = (
+                    f"stopped in epoch {epoch + 1} at batch {batch}; the data is an iterable, so the checkpoint "
+                    f"of epoch {epoch} is kept and a resumed run starts epoch {epoch + 1} again"
+                )
             LOGGER.warning(f"{why}: {where}")

@@ -47,8 +47,18 @@ STATE_NAME = "state.pt"
 STATE_FORMAT = 1  # state.pt's format_version (a state without one is format 1): the next change keys its reading on it
 SUMMARY_NAME = "summary.csv"
 TEST_NAME = "test.json"
-COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "test_loss", "test_acc", "lr",
-           "images_per_s", "seconds"]  # fmt: skip
+COLUMNS = [
+    "epoch",
+    "train_loss",
+    "train_acc",
+    "val_loss",
+    "val_acc",
+    "test_loss",
+    "test_acc",
+    "lr",
+    "images_per_s",
+    "seconds",
+]
 EMA_COLUMNS = ["ema_val_loss", "ema_val_acc", "ema_test_loss", "ema_test_acc"]  # --ema: its average's scores
 # Models with class lengths: the held-out split's mean shortest and longest (capsnet.training.stuck reads them).
 LENGTH_COLUMNS = ["shortest_length", "longest_length"]
@@ -105,8 +115,10 @@ def load_state(run_dir: Path, map_location: str | torch.device = "cpu") -> dict[
         raise CheckpointError(f"{path}: not a capsnet training state")
     version = state.get("format_version", 1)
     if not isinstance(version, int) or isinstance(version, bool) or version > STATE_FORMAT:
-        raise CheckpointError(f"{path}: format_version {version!r}, written by a newer capsnet (this one reads "
-                              f"{STATE_FORMAT}); upgrade capsnet")  # fmt: skip
+        raise CheckpointError(
+            f"{path}: format_version {version!r}, written by a newer capsnet (this one reads "
+            f"{STATE_FORMAT}); upgrade capsnet"
+        )
     missing = [key for key in STATE_REQUIRED if key not in state]
     if missing:
         raise CheckpointError(f"{path}: not a resumable capsnet training state (no {', '.join(missing)})")
@@ -120,13 +132,32 @@ def load_state(run_dir: Path, map_location: str | torch.device = "cpu") -> dict[
 
 # The entries of a state.pt that are read on resuming, and their types (a state.pt of other fields is refused).
 STATE_TYPES: dict[str, type | tuple[type, ...]] = {
-    "model": dict, "model_type": str, "model_config": (dict, type(None)), "optimizer": dict, "scheduler": dict,
-    "epoch": int, "batch_in_epoch": int, "step": int, "best": (dict, type(None)), "history": list,
-    "running": list, "rng": dict,
-}  # fmt: skip
+    "model": dict,
+    "model_type": str,
+    "model_config": (dict, type(None)),
+    "optimizer": dict,
+    "scheduler": dict,
+    "epoch": int,
+    "batch_in_epoch": int,
+    "step": int,
+    "best": (dict, type(None)),
+    "history": list,
+    "running": list,
+    "rng": dict,
+}
 # The entries a resume cannot do without.
-STATE_REQUIRED = ("model", "optimizer", "scheduler", "epoch", "batch_in_epoch", "step", "best", "history", "running",
-                  "rng")  # fmt: skip
+STATE_REQUIRED = (
+    "model",
+    "optimizer",
+    "scheduler",
+    "epoch",
+    "batch_in_epoch",
+    "step",
+    "best",
+    "history",
+    "running",
+    "rng",
+)
 
 
 def get_rng_states(device: torch.device, augment_rng: torch.Generator, dist) -> dict[str, Any]:
@@ -189,8 +220,14 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:.6g}"
 
 
-def restore_views(run_dir: Path, state: dict[str, Any], model: torch.nn.Module, *, is_main: bool = True,
-                  best_model: torch.nn.Module | None = None) -> None:  # fmt: skip
+def restore_views(
+    run_dir: Path,
+    state: dict[str, Any],
+    model: torch.nn.Module,
+    *,
+    is_main: bool = True,
+    best_model: torch.nn.Module | None = None,
+) -> None:
     """Rewrite the views of `state` (a state.pt just loaded into `model`): last/ from its weights, best/ too when
     that save made the best (from `best_model`: the moving average when best/ holds it), summary.csv from its
     history."""
@@ -236,16 +273,21 @@ def save_model(model: torch.nn.Module, folder: Path, *, metadata: dict[str, Any]
     tensors, seen = {}, set()
     for key, value in model.state_dict().items():
         if not isinstance(value, torch.Tensor):
-            raise CheckpointError(f"{type(model).__name__}.state_dict()[{key!r}] is not a tensor; safetensors holds "
-                                  "tensors only")  # fmt: skip
+            raise CheckpointError(
+                f"{type(model).__name__}.state_dict()[{key!r}] is not a tensor; safetensors holds tensors only"
+            )
         value = value.detach().cpu().contiguous()
         shared = value.untyped_storage().data_ptr() in seen  # (tied weights: each key gets its own copy)
         seen.add(value.untyped_storage().data_ptr())
         tensors[key] = value.clone() if shared else value
     atomic_write_bytes(folder / WEIGHTS_NAME, save(tensors, metadata={"format": "pt"}))
-    meta = {"module": model_name(model), "format": "state_dict", "capsnet_version": __version__,
-            "load": "model.load_state_dict(safetensors.torch.load_file('model.safetensors'))",
-            "checkpoint": metadata}  # fmt: skip
+    meta = {
+        "module": model_name(model),
+        "format": "state_dict",
+        "capsnet_version": __version__,
+        "load": "model.load_state_dict(safetensors.torch.load_file('model.safetensors'))",
+        "checkpoint": metadata,
+    }
     atomic_write_json(folder / CONFIG_NAME, meta)
 
 

@@ -37,8 +37,7 @@ def validation_split(train: Split, official: Split | None, config) -> tuple[Spli
     if official is not None:
         return train, official, {"source": "official", "n": len(official)}
     kept, held = stratified_holdout(train, fraction, seed=seed)
-    return kept, held, {"source": "held out of the training split", "fraction": fraction, "seed": seed,
-                        "n": len(held)}  # fmt: skip
+    return kept, held, {"source": "held out of the training split", "fraction": fraction, "seed": seed, "n": len(held)}
 
 
 class ClassificationTask(Task):
@@ -70,9 +69,16 @@ class ClassificationTask(Task):
         self.source_size = (height, width) if (h, w) != (height, width) else ()
         # raw images -> the model's input values (÷ 255, the spec's divisor, or the training split's statistics)
         stats = channel_stats(train) if self.spec.channel_standardize else None
-        self.recipe = recipe_for(divisor=self.spec.divisor, channel_standardize=self.spec.channel_standardize,
-                                 stats=stats, channels=channels, size=(h, w), n_classes=n_classes,
-                                 source_size=self.source_size, digits=digits)  # fmt: skip
+        self.recipe = recipe_for(
+            divisor=self.spec.divisor,
+            channel_standardize=self.spec.channel_standardize,
+            stats=stats,
+            channels=channels,
+            size=(h, w),
+            n_classes=n_classes,
+            source_size=self.source_size,
+            digits=digits,
+        )
         validation = {"source": "given", "n": len(val)} if val is not None else {"source": "none"}
         self.recorded: dict[str, Any] = {"augment": str(self.spec), "validation": validation}
         self._resident: dict[tuple[str, str], Split | None] = {}  # (split, device) -> its copy there, or None
@@ -183,8 +189,10 @@ def check_image_size(given: str | None, data) -> None:
     got = tuple(data.train.images.shape[-2:])
     if want is not None and tuple(want) != got:
         reader = data.kind or "this format"
-        raise ConfigError(f"--image-size {given}: {data.name}'s images are {got[0]}x{got[1]} and its reader "
-                          f"({reader}) does not resize them; drop --image-size")  # fmt: skip
+        raise ConfigError(
+            f"--image-size {given}: {data.name}'s images are {got[0]}x{got[1]} and its reader "
+            f"({reader}) does not resize them; drop --image-size"
+        )
 
 
 # --------------------------------------------------------------------------------------- data on the device

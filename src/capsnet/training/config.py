@@ -36,33 +36,43 @@ class LoopConfig:
     )
     lr_decay: float | None = field(
         default=None,
-        metadata={"help": "learning rate factor applied after every epoch (or give --lr-end); if neither is set, the "
-                  "model's own decay where its recipe has one, else --lr-end 0.25"},
-    )  # fmt: skip
+        metadata={
+            "help": "learning rate factor applied after every epoch (or give --lr-end); if neither is set, the "
+            "model's own decay where its recipe has one, else --lr-end 0.25"
+        },
+    )
     lr_end: float | None = field(
         default=None,
-        metadata={"help": "the last epoch trains at lr x lr_end, the decay stretched over --epochs (0.25 over 3 "
-                  "epochs: x0.5 each); overrides the model's own decay; not with --lr-decay"},
-    )  # fmt: skip
+        metadata={
+            "help": "the last epoch trains at lr x lr_end, the decay stretched over --epochs (0.25 over 3 "
+            "epochs: x0.5 each); overrides the model's own decay; not with --lr-decay"
+        },
+    )
     val_fraction: float = field(
         default=0.1,
-        metadata={"help": "share of the training images held out for validation (stratified, seeded by --val-seed): "
-                  "best/ is chosen on it by --monitor and the test split is scored once, at the end; 0.2-0.3 "
-                  "resolves late epochs better than the default on a small set (docs/training.md); 0 chooses best/ "
-                  "on the test set (the figure is then a maximum over epochs)"},
-    )  # fmt: skip
+        metadata={
+            "help": "share of the training images held out for validation (stratified, seeded by --val-seed): "
+            "best/ is chosen on it by --monitor and the test split is scored once, at the end; 0.2-0.3 "
+            "resolves late epochs better than the default on a small set (docs/training.md); 0 chooses best/ "
+            "on the test set (the figure is then a maximum over epochs)"
+        },
+    )
     val_seed: int = field(default=0, metadata={"help": "seed of the validation hold-out (the same for every --seed)"})
     monitor: str | None = field(
         default=None,
-        metadata={"help": f"what chooses best/ on the validation split: val_loss, val_accuracy, or a comma list "
-                  f"compared in order (val_accuracy,val_loss: the loss breaks accuracy's ties); unset: "
-                  f"{DEFAULT_MONITOR}"},
-    )  # fmt: skip
+        metadata={
+            "help": f"what chooses best/ on the validation split: val_loss, val_accuracy, or a comma list "
+            f"compared in order (val_accuracy,val_loss: the loss breaks accuracy's ties); unset: "
+            f"{DEFAULT_MONITOR}"
+        },
+    )
     ema: float | None = field(
         default=None,
-        metadata={"help": "keep an exponential moving average of the weights with this decay (e.g. 0.999), "
-                  "scored on validation beside the raw weights each epoch; best/ may be either"},
-    )  # fmt: skip
+        metadata={
+            "help": "keep an exponential moving average of the weights with this decay (e.g. 0.999), "
+            "scored on validation beside the raw weights each epoch; best/ may be either"
+        },
+    )
     seed: int = field(default=0, metadata={"help": "seed for initialisation, shuffling and augmentation"})
     device: str = field(default="auto", metadata={"help": "auto, cpu, cuda or cuda:K"})
     precision: Literal["fp32", "bf16"] = field(default="fp32", metadata={"help": "bf16 runs under autocast"})
@@ -70,15 +80,19 @@ class LoopConfig:
     compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
     cuda_graphs: bool = field(
         default=False,
-        metadata={"help": "CUDA: capture the whole training step (batch gather and augmentation, forward, backward, "
-                  "Adam) as one CUDA graph and replay it; the epoch's last, smaller batch runs eagerly; where it "
-                  "cannot be captured, one line and eager training"},
-    )  # fmt: skip
+        metadata={
+            "help": "CUDA: capture the whole training step (batch gather and augmentation, forward, backward, "
+            "Adam) as one CUDA graph and replay it; the epoch's last, smaller batch runs eagerly; where it "
+            "cannot be captured, one line and eager training"
+        },
+    )
     cudnn_benchmark: bool | None = field(
         default=None,
-        metadata={"help": "CUDA: let cuDNN time its convolution algorithms for each new input shape "
-                  "(torch.backends.cudnn.benchmark); unset: the session's setting (PyTorch's default: off)"},
-    )  # fmt: skip
+        metadata={
+            "help": "CUDA: let cuDNN time its convolution algorithms for each new input shape "
+            "(torch.backends.cudnn.benchmark); unset: the session's setting (PyTorch's default: off)"
+        },
+    )
     out: str = field(default="runs/capsnet", metadata={"help": "run folder for checkpoints and metrics"})
     resume: bool = field(default=False, metadata={"help": "continue the run in --out from its last checkpoint"})
     overwrite: bool = field(
@@ -122,9 +136,11 @@ class TrainConfig(LoopConfig):
 
     dataset: str = field(
         default="mnist-sample",
-        metadata={"help": "a known data set (mnist, cifar10, svhn, smallnorb, ...), a folder (IDX, CIFAR, SVHN or "
-                  "smallNORB files, or class folders of images) or a .npz"},
-    )  # fmt: skip
+        metadata={
+            "help": "a known data set (mnist, cifar10, svhn, smallnorb, ...), a folder (IDX, CIFAR, SVHN or "
+            "smallNORB files, or class folders of images) or a .npz"
+        },
+    )
     data_dir: str | None = field(default=None, metadata={"help": "folder holding the data set's files"})
     train_subset: int | None = field(default=None, metadata={"help": "use only the first N training images"})
     test_subset: int | None = field(default=None, metadata={"help": "evaluate on the first N test images only"})
@@ -140,9 +156,11 @@ class TrainConfig(LoopConfig):
     )
     image_size: str | None = field(
         default=None,
-        metadata={"help": "image folders: convert every image to H or HxW (default: the most common); smallNORB: "
-                  "its side (default 48, or the model's recipe: Efficient-CapsNet 64)"},
-    )  # fmt: skip
+        metadata={
+            "help": "image folders: convert every image to H or HxW (default: the most common); smallNORB: "
+            "its side (default 48, or the model's recipe: Efficient-CapsNet 64)"
+        },
+    )
     image_channels: int | None = field(
         default=None, metadata={"help": "image folders: 1 (greyscale) or 3 (RGB) (default: the most common mode)"}
     )
@@ -154,9 +172,11 @@ class TrainConfig(LoopConfig):
     )
     model: str = field(
         default="capsnet",
-        metadata={"help": f"the network: {', '.join(MODEL_CONFIGS)}, or an installed plugin's (entry point group "
-                  "capsnet.models; `capsnet models` lists them)"},
-    )  # fmt: skip
+        metadata={
+            "help": f"the network: {', '.join(MODEL_CONFIGS)}, or an installed plugin's (entry point group "
+            "capsnet.models; `capsnet models` lists them)"
+        },
+    )
 
     def __post_init__(self) -> None:
         from ..models.registry import MODELS  # (torch: the parser reads these fields without it)
@@ -220,10 +240,11 @@ def check_schedule(lr: float | None, lr_decay: float | None, lr_end: float | Non
     """ConfigError for a learning rate or schedule out of range, or for both lr_decay and lr_end: each sets the
     decay per epoch, so an explicit one wins over a model's own decay and the two together are a conflict."""
     if lr_decay is not None and lr_end is not None:
-        raise ConfigError(f"lr_decay {lr_decay:g} and lr_end {lr_end:g} both set the learning rate's decay: give one "
-                          "(--lr-decay, a factor per epoch, or --lr-end, the last epoch's share of lr)")  # fmt: skip
-    if not ((lr is None or lr > 0) and (lr_end is None or 0 < lr_end <= 1)
-            and (lr_decay is None or 0 < lr_decay <= 1)):  # fmt: skip
+        raise ConfigError(
+            f"lr_decay {lr_decay:g} and lr_end {lr_end:g} both set the learning rate's decay: give one "
+            "(--lr-decay, a factor per epoch, or --lr-end, the last epoch's share of lr)"
+        )
+    if not ((lr is None or lr > 0) and (lr_end is None or 0 < lr_end <= 1) and (lr_decay is None or 0 < lr_decay <= 1)):
         raise ConfigError("need lr > 0, 0 < lr_decay <= 1 and 0 < lr_end <= 1")
 
 

@@ -76,8 +76,9 @@ def evaluate_batches(
         assert n_classes is not None
         counts = flat[3:-3].view(n_classes, width)
         confusion, totals = counts[:, :n_classes], counts.sum(dim=1)
-        result["per_class"] = [(confusion[k, k] / totals[k]).item() if totals[k] > 0 else float("nan")
-                               for k in range(n_classes)]  # fmt: skip
+        result["per_class"] = [
+            (confusion[k, k] / totals[k]).item() if totals[k] > 0 else float("nan") for k in range(n_classes)
+        ]
         result["confusion"] = confusion.long().tolist()
     shortest, longest, measured = flat[-3:].tolist()
     if measured:  # the model's outputs have class lengths (or probabilities)

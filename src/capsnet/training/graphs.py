@@ -87,8 +87,14 @@ class StepGraph:
     def epoch(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
         """Steps `start`, ... of `epoch`, over the batches the task's own `batches()` would give."""
         run, size = self.run, self.batch_size
-        order = epoch_indices(len(self.split), shuffle=True, seed=run.config.seed, epoch=epoch, rank=run.dist.rank,
-                              world_size=run.dist.world_size).to(self.split.images.device)  # fmt: skip
+        order = epoch_indices(
+            len(self.split),
+            shuffle=True,
+            seed=run.config.seed,
+            epoch=epoch,
+            rank=run.dist.rank,
+            world_size=run.dist.world_size,
+        ).to(self.split.images.device)
         for lo in range(start * size, len(order), size):
             take = order[lo : lo + size]
             if len(take) < size:  # the epoch's last, smaller batch: eagerly, as the task makes it

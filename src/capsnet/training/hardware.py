@@ -100,8 +100,9 @@ def precision_note(device: torch.device, precision: str) -> str | None:
     )
 
 
-def device_settings(config: Any, device: torch.device, *, flag: str, batches: bool,
-                    notes: list[tuple[str, int]]) -> Any:  # fmt: skip
+def device_settings(
+    config: Any, device: torch.device, *, flag: str, batches: bool, notes: list[tuple[str, int]]
+) -> Any:
     """`config` with its batch size resolved (the model's recipe, else the device's default) and what was chosen
     for the user appended to `notes` as (line, logging level): the batch size when the run `batches` at it, and a
     precision the device emulates."""
@@ -112,8 +113,9 @@ def device_settings(config: Any, device: torch.device, *, flag: str, batches: bo
         if batches:
             option = "--batch-size" if flag.startswith("--") else "batch_size="
             whose = f"{name}'s recipe" if recipe else f"the {device.type} default"
-            notes.append((f"batch size {config.batch_size} per process ({whose}; set {option} to change)",
-                          logging.INFO))  # fmt: skip
+            notes.append(
+                (f"batch size {config.batch_size} per process ({whose}; set {option} to change)", logging.INFO)
+            )
     note = precision_note(device, config.precision)
     if note:
         notes.append((note, logging.WARNING))

@@ -55,8 +55,9 @@ class SeededSampler(DistributedSampler):
         self.n, self.start = n, start
 
     def __iter__(self) -> Iterator[int]:
-        idx = epoch_indices(self.n, shuffle=True, seed=self.seed, epoch=self.epoch, rank=self.rank,
-                            world_size=self.num_replicas)  # fmt: skip
+        idx = epoch_indices(
+            self.n, shuffle=True, seed=self.seed, epoch=self.epoch, rank=self.rank, world_size=self.num_replicas
+        )
         return iter(idx[self.start :].tolist())
 
     def __len__(self) -> int:
@@ -122,8 +123,10 @@ def check_range(images: torch.Tensor, where: str) -> None:
     if images.is_floating_point() and images.numel():
         low, high = float(images.min()), float(images.max())
         if low < -RANGE_SLACK or high > 1 + RANGE_SLACK:
-            raise DatasetError(f"{where}: float pixels span [{low:g}, {high:g}]; float images must be in [0, 1] "
-                               "(pixels / 255): divide by 255, or give uint8 pixels")  # fmt: skip
+            raise DatasetError(
+                f"{where}: float pixels span [{low:g}, {high:g}]; float images must be in [0, 1] "
+                "(pixels / 255): divide by 255, or give uint8 pixels"
+            )
 
 
 def _is_index(label: Any) -> bool:
@@ -167,11 +170,15 @@ class Source:
                 raise DatasetError(f"{part}_data is empty")
             check_example(data[0], f"{part}_data[0]")
         elif not hasattr(data, "__iter__"):
-            raise DatasetError(f"{part}_data: a {type(data).__name__} is neither a Dataset of (image, label) "
-                               "examples nor an iterable of (images, labels) batches")  # fmt: skip
+            raise DatasetError(
+                f"{part}_data: a {type(data).__name__} is neither a Dataset of (image, label) "
+                "examples nor an iterable of (images, labels) batches"
+            )
         elif iter(data) is data:
-            raise DatasetError(f"{part}_data is an iterator, which can be read only once; give something each epoch "
-                               "can read anew (a DataLoader, a list of batches, a Dataset)")  # fmt: skip
+            raise DatasetError(
+                f"{part}_data is an iterator, which can be read only once; give something each epoch "
+                "can read anew (a DataLoader, a list of batches, a Dataset)"
+            )
 
     def length(self) -> int | None:
         """Examples of a Dataset; batches of an iterable (None when it has no length)."""
@@ -187,9 +194,15 @@ class Source:
 
     def loader(self, sampler: Sampler, *, batch_size: int, device: torch.device, seed: int) -> DataLoader:
         """A DataLoader over a Dataset: `workers` processes, seeded by `seed` (not by the global random state)."""
-        return DataLoader(self.data, batch_size=batch_size, sampler=sampler, num_workers=self.workers,
-                          collate_fn=collate, pin_memory=device.type == "cuda",
-                          generator=torch.Generator().manual_seed(seed))  # fmt: skip
+        return DataLoader(
+            self.data,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=self.workers,
+            collate_fn=collate,
+            pin_memory=device.type == "cuda",
+            generator=torch.Generator().manual_seed(seed),
+        )
 
     def passes(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """One pass over an iterable of batches, checked batch by batch (shapes only: no device sync)."""
@@ -217,8 +230,17 @@ class LoaderTask(Task):
 
     name = FIT_TASK
 
-    def __init__(self, train: Any, *, val: Any = None, test: Any = None, val_fraction: float = 0.1,
-                 val_seed: int = 0, workers: int = 0, recipe: InputRecipe | None = None):  # fmt: skip
+    def __init__(
+        self,
+        train: Any,
+        *,
+        val: Any = None,
+        test: Any = None,
+        val_fraction: float = 0.1,
+        val_seed: int = 0,
+        workers: int = 0,
+        recipe: InputRecipe | None = None,
+    ):
         self.recipe = recipe if recipe is not None else InputRecipe()
         self.source = Source(train, "train", workers=workers)
         self.val = Source(val, "val", workers=workers) if val is not None else None
@@ -230,8 +252,12 @@ class LoaderTask(Task):
             kept, held = holdout_indices(self.labels, val_fraction, seed=val_seed)
             self.source = Source(Subset(train, kept.tolist()), "train", workers=workers)
             self.val = Source(Subset(train, held.tolist()), "val", workers=workers)
-            validation = {"source": "held out of the training split", "fraction": val_fraction, "seed": val_seed,
-                          "n": len(held)}  # fmt: skip
+            validation = {
+                "source": "held out of the training split",
+                "fraction": val_fraction,
+                "seed": val_seed,
+                "n": len(held),
+            }
         parts = {"train": self.source, "val": self.val, "test": self.test}
         self.recorded: dict[str, Any] = {
             "validation": validation,
@@ -255,8 +281,10 @@ class LoaderTask(Task):
             return None
         why = "val_fraction=0" if self.source.indexed else "train_data is an iterable of batches, none held out"
         if self.has_test:
-            return (f"capsnet.fit: no validation data (val_data=None, {why}): best/ is chosen on test_data, so its "
-                    "test accuracy is a maximum over epochs, not an estimate")  # fmt: skip
+            return (
+                f"capsnet.fit: no validation data (val_data=None, {why}): best/ is chosen on test_data, so its "
+                "test accuracy is a maximum over epochs, not an estimate"
+            )
         return f"capsnet.fit: no validation or test data (val_data=None, {why}): best/ is the lowest training loss's"
 
     def num_batches(self, *, batch_size: int, world_size: int) -> int | None:  # type: ignore[override]
@@ -271,26 +299,31 @@ class LoaderTask(Task):
         lengths: list[Any] = [None] * dist.world_size
         torch.distributed.all_gather_object(lengths, self.source.length())
         if None in lengths or len(set(lengths)) > 1:
-            raise ConfigError(f"under torchrun every rank's train_data must have a length, the same on every rank "
-                              f"(a step is taken together); the ranks' lengths: {lengths}")  # fmt: skip
+            raise ConfigError(
+                f"under torchrun every rank's train_data must have a length, the same on every rank "
+                f"(a step is taken together); the ranks' lengths: {lengths}"
+            )
 
     def batches(self, *, epoch, batch_size, seed, rank, world_size, device, generator, start=0) -> Iterator[Batch]:
         if not self.source.indexed:  # (start is 0: such a run resumes at an epoch's start)
             for images, labels in self.source.passes(epoch):
                 yield _on_device(images, labels, device, self.recipe)
             return
-        sampler = SeededSampler(len(self.source.data), seed=seed, rank=rank, world_size=world_size,
-                                start=start * batch_size)  # fmt: skip
+        sampler = SeededSampler(
+            len(self.source.data), seed=seed, rank=rank, world_size=world_size, start=start * batch_size
+        )
         sampler.set_epoch(epoch)
-        loader = self.source.loader(sampler, batch_size=batch_size, device=device,
-                                    seed=mix_seed(seed, epoch, rank, start))  # fmt: skip
+        loader = self.source.loader(
+            sampler, batch_size=batch_size, device=device, seed=mix_seed(seed, epoch, rank, start)
+        )
         for images, labels in loader:
             yield _on_device(images, labels, device, self.recipe)
 
     def init_batch(self, *, batch_size, seed, world_size, device) -> Batch | None:
         """Rank 0's first batch of epoch 0 for a Dataset (every rank computes it alike); an iterable's first."""
-        batches = self.batches(epoch=0, batch_size=batch_size, seed=seed, rank=0, world_size=world_size,
-                               device=device, generator=None)  # fmt: skip
+        batches = self.batches(
+            epoch=0, batch_size=batch_size, seed=seed, rank=0, world_size=world_size, device=device, generator=None
+        )
         return next(iter(batches), None)
 
     def evaluate(self, model, *, split="test", batch_size, device, dist) -> dict:

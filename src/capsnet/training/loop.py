@@ -79,11 +79,11 @@ def run_loop(run: Run, on_step: Callable[[int], bool] | None) -> TrainResult:
         test = final_test(run, state)
         log.tested(test)
     mid_epoch = stop and state.batch_in_epoch > 0
-    log.finish(stop, signals.signum, state.epoch, state.batch_in_epoch,
-               kept_epoch=mid_epoch and not run.task.resumes_mid_epoch)  # fmt: skip
+    log.finish(
+        stop, signals.signum, state.epoch, state.batch_in_epoch, kept_epoch=mid_epoch and not run.task.resumes_mid_epoch
+    )
     dist_utils.barrier(dist)
-    return TrainResult(run.dir, state.epoch, state.history, dict(state.best), test, stop, signals.signum,
-                       dist.is_main)  # fmt: skip
+    return TrainResult(run.dir, state.epoch, state.history, dict(state.best), test, stop, signals.signum, dist.is_main)
 
 
 # ----------------------------------------------------------------------------------------------- epoch
@@ -201,20 +201,31 @@ def final_test(run: Run, state: RunState) -> dict[str, Any]:
     """Score the test split once, at the end of the run: best/ (the checkpoint chosen on validation) and the
     final weights (last/); rank 0 writes test.json. Every rank calls it (the scores are summed over ranks)."""
     dist_utils.barrier(run.dist)  # best/ is rank 0's
-    kwargs: dict[str, Any] = {"split": "test", "batch_size": run.config.eval_batch_size, "device": run.device,
-                              "dist": run.dist}  # fmt: skip
+    kwargs: dict[str, Any] = {
+        "split": "test",
+        "batch_size": run.config.eval_batch_size,
+        "device": run.device,
+        "dist": run.dist,
+    }
     last = run.task.evaluate(run.model, **kwargs)
-    report: dict[str, Any] = {"selected_on": state.best.get("metric"), "monitor": run.config.monitor,
-                              "epochs": state.epoch}  # fmt: skip
+    report: dict[str, Any] = {
+        "selected_on": state.best.get("metric"),
+        "monitor": run.config.monitor,
+        "epochs": state.epoch,
+    }
     best_weights = run.dir / "best" / WEIGHTS_NAME
     if best_weights.is_file():
         best_model = copy.deepcopy(run.model)
         load_weights(best_model, best_weights, device=run.device)
         best = run.task.evaluate(best_model, **kwargs)
         del best_model
-        report["best"] = {"epoch": state.best.get("epoch"), "weights": state.best.get("weights", "raw"),
-                          **_selection_scores(state), state.best.get("metric", "value"): state.best.get("value"),
-                          **_scores(best)}  # fmt: skip
+        report["best"] = {
+            "epoch": state.best.get("epoch"),
+            "weights": state.best.get("weights", "raw"),
+            **_selection_scores(state),
+            state.best.get("metric", "value"): state.best.get("value"),
+            **_scores(best),
+        }
     report["last"] = {"epoch": state.epoch, **_scores(last)}
     if str(report["selected_on"]).startswith("test_"):
         report["note"] = "best/ was chosen on the test set: its test accuracy is a maximum over epochs"

@@ -16,8 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 
-MODEL_PHASES = {"conv1": "conv", "primary": "conv", "class_caps": "routing", "decoder": "decoder",
-                "margin_loss": "loss"}  # fmt: skip
+MODEL_PHASES = {
+    "conv1": "conv",
+    "primary": "conv",
+    "class_caps": "routing",
+    "decoder": "decoder",
+    "margin_loss": "loss",
+}
 STEP = "step"  # the range around one whole step (data included), set by profile_training
 PHASES = ("data", "conv", "routing", "decoder", "loss", "optimizer")  # the report's order (others follow)
 MODEL_OTHER = "forward (other)"  # the model's own operators outside its submodules (e.g. a ReLU between two)

@@ -32,9 +32,25 @@ from .config import FitConfig, TrainConfig
 from .selection import DEFAULT_MONITOR
 
 # What a resumed run may change. lr_decay and lr_end reshape the schedule from the resumed epoch on, as epochs does.
-MAY_CHANGE = ("epochs", "lr_decay", "lr_end", "eval_batch_size", "device", "precision", "channels_last", "compile",
-              "cuda_graphs", "cudnn_benchmark", "progress", "tensorboard", "workers", "data_dir", "out",
-              "overwrite", "resume")  # fmt: skip
+MAY_CHANGE = (
+    "epochs",
+    "lr_decay",
+    "lr_end",
+    "eval_batch_size",
+    "device",
+    "precision",
+    "channels_last",
+    "compile",
+    "cuda_graphs",
+    "cudnn_benchmark",
+    "progress",
+    "tensorboard",
+    "workers",
+    "data_dir",
+    "out",
+    "overwrite",
+    "resume",
+)
 FROM_STATE = ("val_fraction", "val_seed")  # a TrainConfig's split is the one its record says (resumed_settings)
 SCHEDULE = ("lr_decay", "lr_end")  # one setting, given either way: one given now replaces the run's other
 RECORD_MARK = "capsnet_version"  # the capsnet that wrote the record
@@ -49,9 +65,14 @@ def write_record(run_dir: Path, config: Any, model_config: Any, task: Any) -> No
     resolved to)}."""
     run_dir.mkdir(parents=True, exist_ok=True)
     model = to_dict(model_config) if model_config is not None else None
-    meta = {"format_version": RECORD_FORMAT, "train": to_dict(config), "model": model, "task": task.name,
-            RECORD_MARK: __version__,
-            **getattr(task, "recorded", {})}  # fmt: skip
+    meta = {
+        "format_version": RECORD_FORMAT,
+        "train": to_dict(config),
+        "model": model,
+        "task": task.name,
+        RECORD_MARK: __version__,
+        **getattr(task, "recorded", {}),
+    }
     atomic_write_json(run_dir / "config.json", meta)
 
 
@@ -68,8 +89,10 @@ def read_record(run_dir: str | Path) -> dict[str, Any] | None:
         raise CheckpointError(f"{path}: not the config.json of a training run (no 'train' settings)")
     version = meta.get("format_version", 1)
     if not isinstance(version, int) or version > RECORD_FORMAT:
-        raise CheckpointError(f"{path}: format_version {version!r}, written by a newer capsnet (this one reads "
-                              f"{RECORD_FORMAT}); upgrade capsnet")  # fmt: skip
+        raise CheckpointError(
+            f"{path}: format_version {version!r}, written by a newer capsnet (this one reads "
+            f"{RECORD_FORMAT}); upgrade capsnet"
+        )
     return meta
 
 
@@ -157,8 +180,11 @@ def check_recorded(config: TrainConfig | FitConfig, run_dir: Path, *, only=None)
         return
     fit = isinstance(config, FitConfig)
     if (meta.get("task") == FIT_TASK) != fit:
-        raise ConfigError(f"{run_dir}: a run made by capsnet train; resume it with capsnet train --resume" if fit
-                          else f"{run_dir}: {FIT_RUN}")  # fmt: skip
+        raise ConfigError(
+            f"{run_dir}: a run made by capsnet train; resume it with capsnet train --resume"
+            if fit
+            else f"{run_dir}: {FIT_RUN}"
+        )
     given = to_dict(config)
     if only is not None:
         given = {k: v for k, v in given.items() if k in only}
@@ -200,12 +226,14 @@ def resumed_configs(
         raise conflict_error(run_dir, found, style=style, config_class=TrainConfig)
     kept = {k: v for k, v in given.items() if v is not None}
     recorded = without_other_schedule(recorded, kept)
-    config = from_dict(TrainConfig, {**recorded, **kept, "out": str(run_dir), "resume": True},
-                       what=f"{run_dir}/config.json")  # fmt: skip
+    config = from_dict(
+        TrainConfig, {**recorded, **kept, "out": str(run_dir), "resume": True}, what=f"{run_dir}/config.json"
+    )
     model_class = MODELS[config.model]
     saved: dict[str, Any] = meta["model"] if isinstance(meta.get("model"), dict) else {}
-    model_config: Any = from_dict(model_class.config_class, {**model_class.saved_defaults, **saved},
-                                  what=f"{run_dir}/config.json model")  # fmt: skip
+    model_config: Any = from_dict(
+        model_class.config_class, {**model_class.saved_defaults, **saved}, what=f"{run_dir}/config.json model"
+    )
     options = {f.name for f in dataclasses.fields(model_config) if f.init}
     for key, value in (model_given or {}).items():
         if key not in options:

@@ -137,8 +137,10 @@ def claim(config, dist, *, flag: str, model_settings: dict[str, Any] | None = No
     names = folder_contents(run_dir)
     if names and not is_run(run_dir):
         shown = ", ".join(names[:4]) + (f", ... ({len(names)} entries)" if len(names) > 4 else "")
-        raise RunFolderError(f"{run_dir} is not a capsnet run folder (it holds {shown}); a run is written into a "
-                             f"new or empty folder, or one of its own: choose another {out}")  # fmt: skip
+        raise RunFolderError(
+            f"{run_dir} is not a capsnet run folder (it holds {shown}); a run is written into a "
+            f"new or empty folder, or one of its own: choose another {out}"
+        )
     if dist.is_main:
         acquire(run_dir, out=out)
     try:
@@ -178,13 +180,18 @@ def check_fresh(config, run_dir: Path, *, flag: str, out: str, model_settings: d
             raise RunFolderError(f"{run_dir} holds a run made by {made_by}; choose another {out}")
         found = conflicts(to_dict(config), recorded_settings(meta, type(config)))
         recorded_model: dict[str, Any] = meta["model"] if isinstance(meta.get("model"), dict) else {}
-        found += [(k, v, recorded_model[k]) for k, v in (model_settings or {}).items()
-                  if k in recorded_model and k not in DATA_FIELDS and not same(v, recorded_model[k])]  # fmt: skip
+        found += [
+            (k, v, recorded_model[k])
+            for k, v in (model_settings or {}).items()
+            if k in recorded_model and k not in DATA_FIELDS and not same(v, recorded_model[k])
+        ]
     if found:
         key, given, recorded = found[0]
         then = f"; {flag} continues it with its own settings" if has_state else ""
-        raise RunFolderError(f"{run_dir} holds a run of other settings ({say(key, given, style)}, recorded "
-                             f"{say(key, recorded, style)}); choose another {out}{then}")  # fmt: skip
+        raise RunFolderError(
+            f"{run_dir} holds a run of other settings ({say(key, given, style)}, recorded "
+            f"{say(key, recorded, style)}); choose another {out}{then}"
+        )
     if has_state:
         raise RunFolderError(f"{run_dir} already holds a run; pass {flag} to continue it, or choose another {out}")
 
@@ -206,8 +213,9 @@ def acquire(run_dir: Path, *, out: str = "--out") -> None:
             holder = (run_dir / PID_NAME).read_text(encoding="ascii", errors="replace").strip() or "unknown"
         except OSError:
             holder = "unknown"
-        raise RunFolderError(f"{run_dir} is in use by another capsnet run (PID {holder}); wait for it to end or "
-                             f"choose another {out}") from None  # fmt: skip
+        raise RunFolderError(
+            f"{run_dir} is in use by another capsnet run (PID {holder}); wait for it to end or choose another {out}"
+        ) from None
     except OSError as e:
         why = "a link where its lock file goes" if e.errno == errno.ELOOP else e.strerror
         raise RunFolderError(f"{run_dir}: cannot take the run folder's lock ({why})") from None
@@ -245,16 +253,20 @@ def check_resumed_data(task: Task, saved: dict, run_dir: Path, *, fit: bool) -> 
     recorded = saved.get("validation") or {"source": "none"}
     mine = getattr(task, "recorded", {}).get("validation", {"source": "given" if task.has_val else "none"})
     if (recorded["source"] == "none") != (not task.has_val) or recorded.get("n", mine.get("n")) != mine.get("n"):
-        raise ConfigError(f"--resume: {run_dir} was validated on {_describe(recorded)}, this data gives "
-                          f"{_describe(mine)}; resume with the run's own data and --val-fraction")  # fmt: skip
+        raise ConfigError(
+            f"--resume: {run_dir} was validated on {_describe(recorded)}, this data gives "
+            f"{_describe(mine)}; resume with the run's own data and --val-fraction"
+        )
     if not fit:
         return
     recorded, mine = saved.get("data") or {}, getattr(task, "recorded", {}).get("data") or {}
     for part in ("train", "val", "test"):
         then, now = (recorded.get(part) or {}).get("n"), (mine.get(part) or {}).get("n")
         if then is not None and now is not None and then != now:
-            raise ConfigError(f"resume: {run_dir} was trained with {then:,} {part} examples, this {part} data has "
-                              f"{now:,}; resume with the run's own data")  # fmt: skip
+            raise ConfigError(
+                f"resume: {run_dir} was trained with {then:,} {part} examples, this {part} data has "
+                f"{now:,}; resume with the run's own data"
+            )
 
 
 def _describe(validation: dict) -> str:
@@ -278,15 +290,20 @@ def saved_model_config(model_class: Any, saved: dict, run_dir: Path, name: str) 
 def check_same_shape(model_config: Any, fields: dict[str, Any], run_dir: Path) -> None:
     """ConfigError when the data would change the resumed model's input or classes (other data than the run's)."""
     saved = (model_config.in_channels, image_hw(model_config.image_size), model_config.n_classes)
-    now = (fields.get("in_channels", saved[0]), image_hw(fields.get("image_size", model_config.image_size)),
-           fields.get("n_classes", saved[2]))  # fmt: skip
+    now = (
+        fields.get("in_channels", saved[0]),
+        image_hw(fields.get("image_size", model_config.image_size)),
+        fields.get("n_classes", saved[2]),
+    )
     if now != saved:
 
         def images(c, hw, n):
             return f"{c}x{hw[0]}x{hw[1]} images of {n} classes"
 
-        raise ConfigError(f"--resume: {run_dir} trained on {images(*saved)}, this data gives {images(*now)}; resume "
-                          "with the run's own data")  # fmt: skip
+        raise ConfigError(
+            f"--resume: {run_dir} trained on {images(*saved)}, this data gives {images(*now)}; resume "
+            "with the run's own data"
+        )
 
 
 def resumed_line(epoch: int, batch: int, n_batches: int | None, epochs: int) -> str:

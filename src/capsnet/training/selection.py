@@ -23,8 +23,13 @@ from ..errors import ConfigError
 QUANTITIES = {"val_accuracy": "accuracy", "val_loss": "loss"}  # a monitor's name -> the evaluation's key
 HIGHER_IS_BETTER = {"accuracy": True, "loss": False}
 DEFAULT_MONITOR = "val_loss"  # chosen by the screens of docs/results.md ("Choosing best/")
-SELECTED_ON = {"val_acc": "validation accuracy", "val_loss": "validation loss", "test_acc": "test accuracy",
-               "test_loss": "test loss", "train_loss": "the training loss"}  # a best/'s metric, in words  # fmt: skip
+SELECTED_ON = {
+    "val_acc": "validation accuracy",
+    "val_loss": "validation loss",
+    "test_acc": "test accuracy",
+    "test_loss": "test loss",
+    "train_loss": "the training loss",
+}  # a best/'s metric, in words
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,10 @@ class Monitor:
     def parse(cls, spec: str) -> Monitor:
         names = [name.strip() for name in str(spec).split(",")]
         if not names or any(n not in QUANTITIES for n in names) or len(set(names)) != len(names):
-            raise ConfigError(f"monitor must be {', '.join(QUANTITIES)} or a comma list of them (each next one "
-                              f"breaks the ties of the one before), got {spec!r}")  # fmt: skip
+            raise ConfigError(
+                f"monitor must be {', '.join(QUANTITIES)} or a comma list of them (each next one "
+                f"breaks the ties of the one before), got {spec!r}"
+            )
         return cls(tuple(QUANTITIES[n] for n in names))
 
     def rank(self, scores: dict[str, float]) -> tuple[float, ...]:
@@ -86,8 +93,15 @@ def choose_best(
     for weights, scores in candidates:
         if monitor.better(scores, best_scores(best)):
             metric = monitor.metric(split) if split is not None else "train_loss"
-            best = {"epoch": epoch, "step": step, "metric": metric, "value": scores[monitor.keys[0]], "monitor": spec,
-                    "scores": scores, "weights": weights}  # fmt: skip
+            best = {
+                "epoch": epoch,
+                "step": step,
+                "metric": metric,
+                "value": scores[monitor.keys[0]],
+                "monitor": spec,
+                "scores": scores,
+                "weights": weights,
+            }
     return best
 
 

@@ -94,8 +94,10 @@ def restore(run: Run) -> RunState:
     except RuntimeError as e:
         first = " ".join(str(e).strip().splitlines()[:2])
         run_model = f"a {saved['model_type']} run" if saved.get("model_type") else "the run's"
-        raise CheckpointError(f"{run.dir / STATE_NAME}: its weights ({run_model}) do not fit the "
-                              f"{model_name(run.model)} being resumed ({first})") from None  # fmt: skip
+        raise CheckpointError(
+            f"{run.dir / STATE_NAME}: its weights ({run_model}) do not fit the "
+            f"{model_name(run.model)} being resumed ({first})"
+        ) from None
     run.optimizer.load_state_dict(saved["optimizer"])
     run.scheduler.load_state_dict(saved["scheduler"])
     if run.scheduler.gamma != config.decay_per_epoch:  # resumed with other --epochs/--lr-decay/--lr-end:
@@ -108,8 +110,9 @@ def restore(run: Run) -> RunState:
             raise CheckpointError(f"{run.dir / STATE_NAME}: holds no moving average of the weights for --ema")
         run.ema.load_state_dict(saved["ema"])
     best = saved["best"]
-    restore_views(run.dir, {**saved, "best": best}, run.model, is_main=run.dist.is_main,
-                  best_model=best_model_of(run, best))  # fmt: skip
+    restore_views(
+        run.dir, {**saved, "best": best}, run.model, is_main=run.dist.is_main, best_model=best_model_of(run, best)
+    )
     state = RunState(
         EpochSums.restored(saved, is_main=run.dist.is_main, device=run.device),
         saved["epoch"],

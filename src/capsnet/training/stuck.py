@@ -73,8 +73,13 @@ def epoch_stuck_line(row: Mapping[str, float], *, n_classes: int, flag: str) -> 
     lower = f"{flag}{' ' if flag.startswith('--') else ''}{lr / 10:.0e}" if lr > 0 else f"a lower {flag}"
     hint = f'a learning rate 3-10x lower ({lower}; docs/training.md, "When training is stuck")'
 
-    return stuck_line(epoch=int(row["epoch"]), accuracy=row["train_acc"], n_classes=n_classes,
-                      stats=LengthStats(shortest, longest), hint=hint)  # fmt: skip
+    return stuck_line(
+        epoch=int(row["epoch"]),
+        accuracy=row["train_acc"],
+        n_classes=n_classes,
+        stats=LengthStats(shortest, longest),
+        hint=hint,
+    )
 
 
 def run_stuck_line(run_dir: str | os.PathLike, *, n_classes: int) -> str | None:

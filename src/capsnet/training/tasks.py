@@ -46,8 +46,13 @@ class Task:
     def model_fields(self) -> dict[str, Any]:
         """Model options that come from the data rather than from flags: the input's shape and classes, whether it
         is a digit set, and the values of the recipe the batches apply (capsnet.models.recipe)."""
-        return {"in_channels": self.in_channels, "image_size": self.image_size, "n_classes": self.n_classes,
-                "digits": self.digits, **self.recipe.fields()}  # fmt: skip
+        return {
+            "in_channels": self.in_channels,
+            "image_size": self.image_size,
+            "n_classes": self.n_classes,
+            "digits": self.digits,
+            **self.recipe.fields(),
+        }
 
     def num_batches(self, *, batch_size: int, world_size: int) -> int:
         raise NotImplementedError
@@ -101,15 +106,18 @@ class Task:
         """One line for the log when best/ is not chosen on validation data; None when it is."""
         if self.has_val:
             return None
-        return ("capsnet: no validation split (--val-fraction 0, or a run made before validation splits): best/ is "
-                "chosen on the test set, so its test accuracy is a maximum over epochs, not an estimate")  # fmt: skip
+        return (
+            "capsnet: no validation split (--val-fraction 0, or a run made before validation splits): best/ is "
+            "chosen on the test set, so its test accuracy is a maximum over epochs, not an estimate"
+        )
 
     def init_batch(self, *, batch_size: int, seed: int, world_size: int, device: torch.device) -> Batch | None:
         """The batch a model's data-dependent initialisation sees: rank 0's first of epoch 0, which every rank
         computes alike from the seed (rank 0's augmentation seed too); None for an epoch without batches."""
         generator = torch.Generator(device=device).manual_seed(seed * 1009)  # as rank 0's augment_rng
-        batches = self.batches(epoch=0, batch_size=batch_size, seed=seed, rank=0, world_size=world_size,
-                               device=device, generator=generator)  # fmt: skip
+        batches = self.batches(
+            epoch=0, batch_size=batch_size, seed=seed, rank=0, world_size=world_size, device=device, generator=generator
+        )
         return next(iter(batches), None)
 
     def evaluate(

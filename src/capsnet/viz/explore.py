@@ -165,9 +165,16 @@ class Explorer:
             check_port_free(host, port)
         blocks = self.build()
         _, url, _ = blocks.launch(
-            server_name=host, server_port=port, share=False, max_file_size=em.MAX_UPLOAD_BYTES,
-            prevent_thread_lock=True, quiet=quiet, footer_links=[], inbrowser=False, ssr_mode=False,
-        )  # fmt: skip
+            server_name=host,
+            server_port=port,
+            share=False,
+            max_file_size=em.MAX_UPLOAD_BYTES,
+            prevent_thread_lock=True,
+            quiet=quiet,
+            footer_links=[],
+            inbrowser=False,
+            ssr_mode=False,
+        )
         if block:
             try:
                 blocks.block_thread()

@@ -95,15 +95,18 @@ def features(model: Any) -> Features:
     branches = 0 if a.branch_lengths is None else int(a.branch_lengths.shape[-1])
     f = Features(decoder, pose_dim, routing, iterations, branches, matrix_pose=hasattr(model, "classes"))
     if not decoder:
-        f.hidden.append(f"Reconstruction and pose sliders: {name} has no decoder to reconstruct the image from a "
-                        "class capsule.")  # fmt: skip
+        f.hidden.append(
+            f"Reconstruction and pose sliders: {name} has no decoder to reconstruct the image from a class capsule."
+        )
     if pose_dim == 0:
         f.hidden.append(f"Class capsule poses: {name}'s class outputs are scores, not pose vectors.")
     if not routing:
         f.hidden.append(f"Routing: {name} has no routing weights into its class outputs.")
     elif routing == "list" and a.coupling is not None:
-        f.hidden.append(f"Routing grid: {name}'s class layer reads {a.coupling.shape[0]} input capsules that form "
-                        "no spatial grid; their weights are shown as a strip.")  # fmt: skip
+        f.hidden.append(
+            f"Routing grid: {name}'s class layer reads {a.coupling.shape[0]} input capsules that form "
+            "no spatial grid; their weights are shown as a strip."
+        )
     if routing and iterations == 1:
         why = "routes in one pass" if layer is None or a.routing_call is None else "was built with one iteration"
         if f.matrix_pose:
@@ -134,8 +137,7 @@ def analyse(model: Any, x: torch.Tensor) -> Analysis:
     calls: list[tuple[tuple, dict]] = []
     handle = None
     if layer is not None:
-        handle = layer.register_forward_pre_hook(lambda m, args, kwargs: calls.append((args, kwargs)),
-                                                 with_kwargs=True)  # fmt: skip
+        handle = layer.register_forward_pre_hook(lambda m, args, kwargs: calls.append((args, kwargs)), with_kwargs=True)
     try:
         try:
             out = model(x, return_coupling=True)

@@ -23,62 +23,102 @@ def build_page(ex, gr):
         if ex.note:
             gr.Markdown(f"**Note:** {ex.note}", elem_id="note")
         if f.hidden:
-            gr.Markdown("**Not shown for this model:**\n" + "\n".join(f"- {h}" for h in f.hidden),
-                        elem_id="hidden-panels")  # fmt: skip
+            gr.Markdown(
+                "**Not shown for this model:**\n" + "\n".join(f"- {h}" for h in f.hidden), elem_id="hidden-panels"
+            )
         with gr.Row():
             with gr.Column(scale=1):
                 with gr.Tab("Upload"):
-                    upload = gr.Image(type="filepath", sources=["upload"], label="image (PNG, JPEG)",
-                                      elem_id="upload", height=240)  # fmt: skip
+                    upload = gr.Image(
+                        type="filepath", sources=["upload"], label="image (PNG, JPEG)", elem_id="upload", height=240
+                    )
                 with gr.Tab("Draw"):
-                    sketch = gr.Sketchpad(label="draw a digit", elem_id="sketchpad", canvas_size=(280, 280),
-                                          height=300)  # fmt: skip
+                    sketch = gr.Sketchpad(label="draw a digit", elem_id="sketchpad", canvas_size=(280, 280), height=300)
                     sketch_go = gr.Button("Classify the drawing", elem_id="classify-drawing")
                 with gr.Tab("Test images", elem_id="gallery-tab"):
-                    gallery = gr.Gallery(value=[str(p) for p in ex.gallery_paths], label="the run's test images",
-                                         columns=6, height=240, allow_preview=False, elem_id="gallery",
-                                         interactive=False)  # fmt: skip
+                    gallery = gr.Gallery(
+                        value=[str(p) for p in ex.gallery_paths],
+                        label="the run's test images",
+                        columns=6,
+                        height=240,
+                        allow_preview=False,
+                        elem_id="gallery",
+                        interactive=False,
+                    )
                     if not ex.gallery_paths:
                         gr.Markdown("No test images: the model records no data set it was trained on.")
                 ui["message"] = gr.Markdown("", elem_id="message")
             with gr.Column(scale=1):
                 ui["prediction"] = gr.Markdown("Prediction: (no image yet)", elem_id="prediction")
-                ui["lengths"] = gr.BarPlot(x="class", y="length", title="class capsule lengths", y_lim=[0, 1],
-                                           sort=None, elem_id="lengths", height=260)  # fmt: skip
-                choice = gr.Dropdown(["predicted", *ex.names], value="predicted", label="class capsule",
-                                     elem_id="capsule-choice")  # fmt: skip
+                ui["lengths"] = gr.BarPlot(
+                    x="class",
+                    y="length",
+                    title="class capsule lengths",
+                    y_lim=[0, 1],
+                    sort=None,
+                    elem_id="lengths",
+                    height=260,
+                )
+                choice = gr.Dropdown(
+                    ["predicted", *ex.names], value="predicted", label="class capsule", elem_id="capsule-choice"
+                )
         sliders: list[Any] = []
         with gr.Row():
             if f.decoder:
                 with gr.Column(scale=1):
-                    ui["reconstruction"] = gr.Image(label="reconstruction from the class capsule (Fig. 4)",
-                                                    type="numpy", elem_id="reconstruction", height=200,
-                                                    interactive=False)  # fmt: skip
+                    ui["reconstruction"] = gr.Image(
+                        label="reconstruction from the class capsule (Fig. 4)",
+                        type="numpy",
+                        elem_id="reconstruction",
+                        height=200,
+                        interactive=False,
+                    )
                     reset = gr.Button("Reset the poses", elem_id="reset")
                 with gr.Column(scale=2):
-                    gr.Markdown(f"**Pose:** one slider per dimension of the chosen capsule (offset in "
-                                f"[−{em.POSE_RANGE}, {em.POSE_RANGE}], as the paper's Fig. 4)")  # fmt: skip
+                    gr.Markdown(
+                        f"**Pose:** one slider per dimension of the chosen capsule (offset in "
+                        f"[−{em.POSE_RANGE}, {em.POSE_RANGE}], as the paper's Fig. 4)"
+                    )
                     with gr.Row():
                         for d in range(f.pose_dim):
-                            sliders.append(gr.Slider(-em.POSE_RANGE, em.POSE_RANGE, value=0.0, step=0.01,
-                                                     label=f"dimension {d}", elem_id=f"pose-{d}",
-                                                     min_width=140))  # fmt: skip
+                            sliders.append(
+                                gr.Slider(
+                                    -em.POSE_RANGE,
+                                    em.POSE_RANGE,
+                                    value=0.0,
+                                    step=0.01,
+                                    label=f"dimension {d}",
+                                    elem_id=f"pose-{d}",
+                                    min_width=140,
+                                )
+                            )
             elif f.pose_dim:
                 label = "pose matrix M_j and activation (EM)" if f.matrix_pose else "class capsule pose v_j"
                 ui["poses"] = gr.Dataframe(label=label, elem_id="poses", interactive=False)
             if f.branches:
                 headers = ["class", *(f"branch {b + 1}" for b in range(f.branches))]
-                ui["branches"] = gr.Dataframe(headers=headers, label="capsule lengths of each branch (HVC)",
-                                              elem_id="branches", interactive=False)  # fmt: skip
+                ui["branches"] = gr.Dataframe(
+                    headers=headers, label="capsule lengths of each branch (HVC)", elem_id="branches", interactive=False
+                )
             if f.routing:
                 with gr.Column(scale=1):
                     where = "the input capsule grid" if f.routing == "grid" else "the input capsules"
-                    ui["routing"] = gr.Image(label=f"coupling c_ij to the chosen class over {where} (Fig. 2 / "
-                                             "capsnet visualize routing)", type="numpy", elem_id="routing",
-                                             height=200, interactive=False)  # fmt: skip
-                    iteration = gr.Slider(1, max(2, f.iterations), value=f.iterations, step=1,
-                                          label="routing iteration", elem_id="iteration",
-                                          visible=f.iterations > 1)  # fmt: skip
+                    ui["routing"] = gr.Image(
+                        label=f"coupling c_ij to the chosen class over {where} (Fig. 2 / capsnet visualize routing)",
+                        type="numpy",
+                        elem_id="routing",
+                        height=200,
+                        interactive=False,
+                    )
+                    iteration = gr.Slider(
+                        1,
+                        max(2, f.iterations),
+                        value=f.iterations,
+                        step=1,
+                        label="routing iteration",
+                        elem_id="iteration",
+                        visible=f.iterations > 1,
+                    )
         _wire(ex, gr, ui, sliders, locals())
     return page
 
@@ -116,8 +156,9 @@ def _wire(ex, gr, ui: dict[str, Any], sliders: list[Any], c: dict[str, Any]) -> 
         if a is None:
             return {}
         j = ex.chosen(a, choice)
-        return to_page(ex.capsule_panels(a, j, list(offsets) or [0.0] * f.pose_dim, int(it or f.iterations)),
-                       rest=False)  # fmt: skip
+        return to_page(
+            ex.capsule_panels(a, j, list(offsets) or [0.0] * f.pose_dim, int(it or f.iterations)), rest=False
+        )
 
     it_input = [iteration] if iteration is not None else [gr.State(f.iterations)]
     c["choice"].change(redraw, [ui["state"], c["choice"], *it_input, *sliders], outputs)
@@ -132,5 +173,8 @@ def _wire(ex, gr, ui: dict[str, Any], sliders: list[Any], c: dict[str, Any]) -> 
 
         for s in sliders:
             s.input(moved, [ui["state"], c["choice"], *sliders], ui["reconstruction"], show_progress="hidden")
-        c["reset"].click(lambda a, choice: [0.0] * len(sliders) + [moved(a, choice, *([0.0] * len(sliders)))],
-                         [ui["state"], c["choice"]], [*sliders, ui["reconstruction"]])  # fmt: skip
+        c["reset"].click(
+            lambda a, choice: [0.0] * len(sliders) + [moved(a, choice, *([0.0] * len(sliders)))],
+            [ui["state"], c["choice"]],
+            [*sliders, ui["reconstruction"]],
+        )

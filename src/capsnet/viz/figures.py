@@ -193,8 +193,9 @@ def plot_curves(summary: str | os.PathLike, out: str | os.PathLike, *, dataset: 
         labels[chosen_on] += f" (best {best * scale:.2f}{'%' if scale == 100.0 else ''} at epoch {at:g})"
     for split, color in curves:
         if present(f"{split}_acc"):
-            ax_acc.plot(epochs, [v * scale for v in cols[f"{split}_acc"]], marker=marker, color=color,
-                        label=labels[split])  # fmt: skip
+            ax_acc.plot(
+                epochs, [v * scale for v in cols[f"{split}_acc"]], marker=marker, color=color, label=labels[split]
+            )
     ax_acc.set_title("accuracy")
     ax_acc.set_ylabel("accuracy (%)" if scale == 100.0 else "accuracy")
     for ax in (ax_loss, ax_acc):

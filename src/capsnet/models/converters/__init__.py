@@ -71,8 +71,9 @@ def converter_module(name: str) -> ModuleType:
     return importlib.import_module(CONVERTERS[name].module, __name__)
 
 
-def convert(name: str, source: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False,
-            **options: Any) -> Any:  # fmt: skip
+def convert(
+    name: str, source: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False, **options: Any
+) -> Any:
     """Convert `source` (format `name`) and write the model to the save_pretrained folder `out`; returns the model.
 
     A folder that already holds a model is kept unless `overwrite`; nothing is written when the source fails."""

@@ -23,8 +23,13 @@ NESTED_KEYS = ("state_dict", "net", "model", "model_state_dict")
 
 def add_routing_iterations(parser: argparse.ArgumentParser, default: int) -> None:
     """`--routing-iterations`: the iterations of the source's routing, which its weights do not record."""
-    parser.add_argument("--routing-iterations", type=int, default=default, metavar="R",
-                        help=f"routing iterations of the source network (default: {default})")  # fmt: skip
+    parser.add_argument(
+        "--routing-iterations",
+        type=int,
+        default=default,
+        metavar="R",
+        help=f"routing iterations of the source network (default: {default})",
+    )
 
 
 def load_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -93,8 +98,10 @@ class Tensors:
 
     def take_batchnorm(self, prefix: str, channels: int) -> dict[str, torch.Tensor]:
         """A BatchNorm's weight, bias, running_mean, running_var (and num_batches_tracked when saved)."""
-        out = {name: self.take(f"{prefix}.{name}", (channels,)) for name in ("weight", "bias", "running_mean",
-                                                                          "running_var")}  # fmt: skip
+        out = {
+            name: self.take(f"{prefix}.{name}", (channels,))
+            for name in ("weight", "bias", "running_mean", "running_var")
+        }
         tracked = f"{prefix}.num_batches_tracked"
         out["num_batches_tracked"] = self.state[tracked].long() if tracked in self.state else torch.tensor(0)
         self.taken.add(tracked)

@@ -43,18 +43,23 @@ Layer = tuple[str, dict[str, np.ndarray]]  # (layer name as in the file, its ten
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--variant", choices=VARIANTS, default=None,
+        "--variant",
+        choices=VARIANTS,
+        default=None,
         help="which of the authors' models the file holds (default: read from its tensor shapes)",
-    )  # fmt: skip
+    )
 
 
 def preset(variant: str, *, decoder: bool = True) -> EfficientCapsNetConfig:
     """The config of the authors' `variant` model, with the pre-processing of their data pipeline recorded."""
     if variant == "smallnorb":
         return EfficientCapsNetConfig.for_smallnorb(
-            decoder=decoder, channel_standardize=True, source_size=(64, 64), class_names=SMALLNORB_CLASSES,
+            decoder=decoder,
+            channel_standardize=True,
+            source_size=(64, 64),
+            class_names=SMALLNORB_CLASSES,
             digits=False,
-        )  # fmt: skip
+        )
     if variant == "multimnist":
         return EfficientCapsNetConfig.for_multimnist(decoder=decoder, digits=True)
     if variant == "mnist":
@@ -169,8 +174,10 @@ def _conv(path, where, tensors, conv: torch.nn.Conv2d, prefix: str) -> dict[str,
     out, per_group, kh, kw = conv.weight.shape
     kernel = _take(path, where, tensors, "kernel", (kh, kw, per_group, out))  # Keras HWIO
     bias = _take(path, where, tensors, "bias", (out,))
-    return {f"{prefix}.weight": torch.from_numpy(kernel.transpose(3, 2, 0, 1).copy()),
-            f"{prefix}.bias": torch.from_numpy(bias.copy())}  # fmt: skip
+    return {
+        f"{prefix}.weight": torch.from_numpy(kernel.transpose(3, 2, 0, 1).copy()),
+        f"{prefix}.bias": torch.from_numpy(bias.copy()),
+    }
 
 
 def _dense(path, where, tensors, linear: torch.nn.Linear, prefix: str) -> dict[str, torch.Tensor]:
@@ -182,8 +189,10 @@ def _dense(path, where, tensors, linear: torch.nn.Linear, prefix: str) -> dict[s
 
 def _norm(path, where, tensors, norm: torch.nn.Module, prefix: str) -> dict[str, torch.Tensor]:
     c = int(norm.num_features)  # type: ignore[arg-type]
-    state = {f"{prefix}.weight": torch.from_numpy(_take(path, where, tensors, "gamma", (c,)).copy()),
-             f"{prefix}.bias": torch.from_numpy(_take(path, where, tensors, "beta", (c,)).copy())}  # fmt: skip
+    state = {
+        f"{prefix}.weight": torch.from_numpy(_take(path, where, tensors, "gamma", (c,)).copy()),
+        f"{prefix}.bias": torch.from_numpy(_take(path, where, tensors, "beta", (c,)).copy()),
+    }
     if isinstance(norm, torch.nn.BatchNorm2d):
         for keras, ours in (("moving_mean", "running_mean"), ("moving_variance", "running_var")):
             state[f"{prefix}.{ours}"] = torch.from_numpy(_take(path, where, tensors, keras, (c,)).copy())

@@ -48,17 +48,29 @@ def load(path: str | os.PathLike, *, routing_iterations: int = 3) -> CapsNet:
     side = math.isqrt(pixels // in_channels)
     if primary_dim != len(dims) or k2 != k or side * side * in_channels != pixels:
         key = "decoder.4.weight" if side * side * in_channels != pixels else "digit_capsules.route_weights"
-        raise CheckpointError(f"{path}: tensor {key!r} has shape {list(t.shape(key))}, which does not fit the other "
-                              f"tensors of a {FORMAT} CapsuleNet")  # fmt: skip
+        raise CheckpointError(
+            f"{path}: tensor {key!r} has shape {list(t.shape(key))}, which does not fit the other "
+            f"tensors of a {FORMAT} CapsuleNet"
+        )
     config = CapsNetConfig(
-        in_channels=in_channels, image_size=side, n_classes=n_classes, conv_channels=conv_channels, kernel_size=k,
-        primary_types=n_types, primary_dim=primary_dim, class_dim=class_dim, routing_iterations=routing_iterations,
-        decoder_hidden=tuple(hidden), coupling="inputs",
+        in_channels=in_channels,
+        image_size=side,
+        n_classes=n_classes,
+        conv_channels=conv_channels,
+        kernel_size=k,
+        primary_types=n_types,
+        primary_dim=primary_dim,
+        class_dim=class_dim,
+        routing_iterations=routing_iterations,
+        decoder_hidden=tuple(hidden),
+        coupling="inputs",
         digits=in_channels == 1,  # (their greyscale networks are their MNIST ones: digit-style images)
-    )  # fmt: skip
+    )
     if config.n_primary != n_primary:
-        raise CheckpointError(f"{path}: tensor 'digit_capsules.route_weights' has {n_primary} input capsules where "
-                              f"the convolutions give {config.n_primary}")  # fmt: skip
+        raise CheckpointError(
+            f"{path}: tensor 'digit_capsules.route_weights' has {n_primary} input capsules where "
+            f"the convolutions give {config.n_primary}"
+        )
     # conv d's channel t -> capsnet's channel t·D + d: stack on a new last axis of the types, then flatten
     weights = [t.take(f"primary_capsules.capsules.{d}.weight", (n_types, conv_channels, k, k)) for d in dims]
     biases = [t.take(f"primary_capsules.capsules.{d}.bias", (n_types,)) for d in dims]

@@ -29,13 +29,21 @@ def load(path: str | os.PathLike, *, routing_iterations: int = 3) -> HeinsenCaps
     n_parts = t.take_any("compute_a.1.weight", ndim=4).shape[0]
     n_classes = t.take_any("routings.1.W", ndim=4).shape[1]
     if in_plus_grid < 3:
-        raise CheckpointError(f"{path}: tensor 'convolve.1.weight' has {in_plus_grid} input channels; their model "
-                              "has the image's and 2 of coordinates")  # fmt: skip
+        raise CheckpointError(
+            f"{path}: tensor 'convolve.1.weight' has {in_plus_grid} input channels; their model "
+            "has the image's and 2 of coordinates"
+        )
     try:
-        config = HeinsenCapsNetConfig(in_channels=in_plus_grid - 2, image_size=96, n_classes=n_classes,
-                                      conv_channels=channels, n_parts=n_parts, routing_iterations=routing_iterations,
-                                      class_names=("animal", "human", "airplane", "truck", "car") if n_classes == 5
-                                      else (), conv_padding=0)  # fmt: skip
+        config = HeinsenCapsNetConfig(
+            in_channels=in_plus_grid - 2,
+            image_size=96,
+            n_classes=n_classes,
+            conv_channels=channels,
+            n_parts=n_parts,
+            routing_iterations=routing_iterations,
+            class_names=("animal", "human", "airplane", "truck", "car") if n_classes == 5 else (),
+            conv_padding=0,
+        )
     except ValueError as e:
         raise CheckpointError(f"{path}: sizes that make no {FORMAT}: {e}") from None
     state: dict[str, torch.Tensor] = {}

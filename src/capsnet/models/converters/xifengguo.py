@@ -37,12 +37,20 @@ def load(path: str | os.PathLike, *, routing_iterations: int = 3) -> CapsNet:
     if primary_out % primary_dim or side * side * in_channels != pixels:
         raise_shape(t, "primarycaps.conv2d.weight" if primary_out % primary_dim else "decoder.4.weight")
     config = CapsNetConfig(
-        in_channels=in_channels, image_size=side, n_classes=n_classes, conv_channels=conv_channels, kernel_size=k,
-        primary_types=primary_out // primary_dim, primary_dim=primary_dim, class_dim=class_dim,
-        routing_iterations=routing_iterations, detach_votes=True, decoder_hidden=tuple(hidden),
+        in_channels=in_channels,
+        image_size=side,
+        n_classes=n_classes,
+        conv_channels=conv_channels,
+        kernel_size=k,
+        primary_types=primary_out // primary_dim,
+        primary_dim=primary_dim,
+        class_dim=class_dim,
+        routing_iterations=routing_iterations,
+        detach_votes=True,
+        decoder_hidden=tuple(hidden),
         primary_grouping="flat",
         digits=in_channels == 1,  # (their greyscale networks are their MNIST ones: digit-style images)
-    )  # fmt: skip
+    )
     if config.n_primary != n_primary:
         raise_shape(t, "digitcaps.weight", f"{n_primary} input capsules where the convolutions give {config.n_primary}")
     state = {
@@ -63,8 +71,10 @@ def load(path: str | os.PathLike, *, routing_iterations: int = 3) -> CapsNet:
 
 
 def raise_shape(t: Tensors, key: str, why: str = "") -> None:
-    raise CheckpointError(f"{t.path}: tensor {key!r} has shape {list(t.shape(key))}, which no {FORMAT} "
-                          f"CapsuleNet builds{': ' + why if why else ''}")  # fmt: skip
+    raise CheckpointError(
+        f"{t.path}: tensor {key!r} has shape {list(t.shape(key))}, which no {FORMAT} "
+        f"CapsuleNet builds{': ' + why if why else ''}"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
