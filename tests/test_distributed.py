@@ -39,9 +39,9 @@ from capsnet.cli import build_parser
 from capsnet.cli.train import configs_from_args
 from capsnet.data import Split, load_dataset
 from capsnet.training import distributed
-from capsnet.training.evaluate import evaluate
-from capsnet.training.loop import train
-from capsnet.training.tasks import ClassificationTask
+from capsnet.training.api import train
+from capsnet.training.classification import ClassificationTask
+from capsnet.training.evaluator import evaluate
 
 class Recording(ClassificationTask):
     def batches(self, **kw):

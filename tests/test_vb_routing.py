@@ -305,3 +305,16 @@ def test_the_hand_made_backward_equals_autograd_through_the_same_steps(floor):
     grads = [torch.autograd.grad(sum((x * w).sum() for x, w in zip(run, weights)), inputs) for run in runs]
     for x, y in zip((*runs[0], *grads[0]), (*runs[1], *grads[1]), strict=True):
         torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-12)
+
+
+def test_the_exported_digamma_is_torchs_to_1e_9():
+    """ONNX has no digamma: while a graph is exported, VB routing's ψ is the shifted asymptotic series."""
+    from unittest import mock
+
+    from capsnet.routing.vb import digamma
+
+    x = torch.logspace(-3, 3, 4000, dtype=torch.float64)
+    assert torch.equal(digamma(x), torch.digamma(x))  # eager: torch's own
+    with mock.patch("torch.compiler.is_exporting", return_value=True):
+        series = digamma(x)
+    assert torch.allclose(series, torch.digamma(x), rtol=1e-9, atol=1e-9)

@@ -93,13 +93,26 @@ def _parameters(stats_sum, w, c, opts: _Options):
     inv_psi = prior.psi0 + scatter + (prior.kappa0 * r_j / kappa).unsqueeze(-1) * mu * mu  # Ψ⁻¹_j (diag)  [B, P, J, D]
     # E[ln |Λ_j|] = Σ_{d<D} ψ((ν_j − d)/2) + D ln 2 + ln |Ψ_j|,  ln |Ψ_j| = −Σ_h ln Ψ⁻¹_jh  [B, P, J]
     half = 0.5 * (nu.unsqueeze(-1) - torch.arange(d, dtype=nu.dtype, device=nu.device))
-    e_ln_lambda = torch.digamma(half).sum(dim=-1) + d * math.log(2.0) - torch.log(inv_psi).sum(dim=-1)
+    e_ln_lambda = digamma(half).sum(dim=-1) + d * math.log(2.0) - torch.log(inv_psi).sum(dim=-1)
     return alpha, m, inv_psi, kappa, nu, e_ln_lambda
+
+
+def digamma(x: torch.Tensor) -> torch.Tensor:
+    """ψ(x) for x > 0: torch.digamma, and while a graph is exported (ONNX has no digamma) the same function from
+    ψ(x) = ψ(x + 6) − Σ_{k<6} 1/(x + k) and the asymptotic series ψ(y) ≈ ln y − 1/2y − 1/12y² + 1/120y⁴ − 1/252y⁶
+    + 1/240y⁸ at y = x + 6 ≥ 6 (the next term, 1/132y¹⁰, is under 2e-10)."""
+    if not torch.compiler.is_exporting():
+        return torch.digamma(x)
+    shift = sum(1.0 / (x + k) for k in range(6))
+    inv = 1.0 / (x + 6.0)
+    inv2 = inv * inv
+    series = inv2 * (1 / 12 - inv2 * (1 / 120 - inv2 * (1 / 252 - inv2 / 240)))
+    return torch.log(x + 6.0) - 0.5 * inv - series - shift
 
 
 def _e_ln_pi(alpha: torch.Tensor) -> torch.Tensor:
     """E[ln π_j] = ψ(α_j) − ψ(Σ_j' α_j'), over the parent types at each position  [B, P, J]."""
-    return torch.digamma(alpha) - torch.digamma(alpha.sum(dim=2, keepdim=True))
+    return digamma(alpha) - digamma(alpha.sum(dim=2, keepdim=True))
 
 
 def _vb_loop(contract_w, contract_theta, c, a, beta_u, beta_a, opts: _Options):
