@@ -36,7 +36,9 @@ def test_a_second_sigint_exits_at_once_with_status_130(tmp_path):
            "--model", "baseline", "--channels", "8", "8", "--hidden", "32", "16"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        assert proc.stdout is not None and proc.stdout.readline() == "evaluating\n"  # inside the long evaluation
+        assert proc.stdout is not None
+        first = [proc.stdout.readline() for _ in range(2)]  # the run's note (its learning rate), then the evaluation
+        assert first[-1] == "evaluating\n" and first[0].startswith("lr ")  # inside the long evaluation
         proc.send_signal(signal.SIGINT)
         time.sleep(1.0)
         assert proc.poll() is None  # the first Ctrl-C waits for the evaluation (then saves and stops)

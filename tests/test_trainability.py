@@ -3,14 +3,14 @@
 32×32 RGB, 100 training images each).
 
 Every model trains on a third of it for two epochs without getting stuck (no stuck line: capsnet.training.stuck)
-and with finite losses; the models that learn it within the suite's 10 epochs are held to a floor below their measured
-seed-0 figure. The figures of every model (results/trainability.csv, from benchmarks/trainability.py) and why most
-do not yet learn the set in 10 epochs: docs/training.md, "What learns a folder of one's own".
+and with finite losses. What each model reaches in the suite's 10 epochs is a benchmark, not a test
+(benchmarks/trainability.py, results/trainability.csv): at the edge of learning the set, a run's figure moves with
+the CPU's arithmetic (self-routing-capsnet, seed 0: 94.67% with one thread, 38.33% with two). Why most models do
+not yet learn it: docs/training.md, "What learns a folder of one's own".
 """
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -19,11 +19,6 @@ from capsnet.cli import main
 from capsnet.data.synthetic import CASES, SUITE_EPOCHS, make_case, write_case, write_folder
 from capsnet.models.registry import MODELS
 from capsnet.training.checkpoint import read_summary
-
-# Test accuracy of best/ (chosen on validation) at seed 0 after the suite's 10 epochs, a margin below the measured
-# figure (results/trainability.csv): self-routing-capsnet 94.67%, capsnet 49.67% (at chance, 33.33%, before its
-# learning rate followed its votes per class).
-FLOOR = {"self-routing-capsnet": 0.85, "capsnet": 0.40}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +43,7 @@ def _train(model: str, folder, out, epochs: int, capsys) -> str:
 def test_the_case_is_the_issues_set(shapes):
     case = CASES["shapes"]
     assert case.classes == ("circle", "square", "triangle") and case.size == 32
-    assert (case.n_train, SUITE_EPOCHS) == (100, 10) and set(FLOOR) <= set(MODELS)
+    assert (case.n_train, SUITE_EPOCHS) == (100, 10)
     for name in case.classes:
         assert len(list((shapes / "train" / name).glob("*.png"))) == 100
 
@@ -63,11 +58,3 @@ def test_every_model_trains_on_the_shapes_folder_without_getting_stuck(model, sm
     assert all(math.isfinite(r["train_loss"]) and math.isfinite(r["val_loss"]) for r in rows)
     if "shortest_length" in rows[-1]:  # the class lengths the stuck check reads
         assert 0 <= rows[-1]["shortest_length"] <= rows[-1]["longest_length"] <= 1 + 1e-6
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("model", sorted(FLOOR))
-def test_the_models_that_learn_the_set_keep_their_accuracy(model, shapes, tmp_path, capsys):
-    _train(model, shapes, tmp_path / "run", SUITE_EPOCHS, capsys)
-    accuracy = json.loads((tmp_path / "run" / "test.json").read_text())["best"]["accuracy"]
-    assert accuracy >= FLOOR[model], f"{model}: {accuracy:.4f} on shapes, its floor {FLOOR[model]}"

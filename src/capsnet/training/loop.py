@@ -108,6 +108,12 @@ def stop_requested(run: Run, signals: StopFlag, asked: bool) -> bool:
     return dist_utils.any_rank(asked or signals.signum is not None, run.dist, run.device)
 
 
+def has_batch_norm(model: torch.nn.Module) -> bool:
+    """Whether `model` normalises by batch statistics: a last training batch of one image is then left out of
+    the epoch (as DataLoader's drop_last would), since one value per channel has no variance."""
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
 def train_epoch(run: Run, state: RunState, log: RunLog, signals: StopFlag, on_step) -> bool:
     """The rest of epoch `state.epoch` (from batch `state.batch_in_epoch`); True if it stopped early."""
     config, dist = run.config, run.dist
@@ -126,7 +132,12 @@ def train_epoch(run: Run, state: RunState, log: RunLog, signals: StopFlag, on_st
     )
     steps = graphs.epoch_steps(run, state.epoch, state.batch_in_epoch, train_step) if config.cuda_graphs else None
     if steps is None:  # eager: one train_step per batch of the task
-        steps = ((*train_step(run, batch), batch.images.shape[0]) for batch in batches)
+        single = dist.world_size == 1 and has_batch_norm(run.model)  # (a batch of one has no batch statistics)
+        steps = (
+            (*train_step(run, batch), batch.images.shape[0])
+            for batch in batches
+            if not (single and batch.images.shape[0] == 1)
+        )
     bar = log.bar(state.epoch, n_batches, state.batch_in_epoch)
     t0, seconds0 = time.perf_counter(), state.sums.seconds  # wall time includes making the batches
     stopped = False
