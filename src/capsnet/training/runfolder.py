@@ -156,9 +156,9 @@ def claim(config, dist, *, flag: str, model_settings: dict[str, Any] | None = No
 
 
 def clear_run(run_dir: Path) -> None:
-    """Delete the run in `run_dir` (overwrite): everything in it but the lock this process holds."""
+    """Delete the run in `run_dir` (overwrite): everything in it but the lock this process holds and its PID."""
     for entry in run_dir.iterdir():
-        if entry.name == LOCK_NAME:
+        if entry.name in (LOCK_NAME, PID_NAME):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
