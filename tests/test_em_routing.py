@@ -82,7 +82,7 @@ def test_conv_caps_in_chunks_matches_loop_reference_and_em_routing(images_per_ch
         torch.testing.assert_close(g, gr, rtol=1e-5, atol=1e-7)
     # every output, R and the logits included, against em_routing on votes formed by einsum
     res, _ = layer.route(poses, acts)
-    pos, child = layer._indices(5, 5, poses.device)
+    _, _, pos, child = layer.fields(poses)  # poses on a 5×5 grid
     m = poses.reshape(3, 25, 2, 4, 4)[:, pos].reshape(3, p, i, 4, 4)
     votes = torch.einsum("bpiac,jicd->bpjiad", m, layer.weight)
     a = acts.reshape(3, 25, 2)[:, pos].reshape(3, p, i)
@@ -179,7 +179,7 @@ def test_assignments_sum_to_one_over_the_parents_each_child_reaches():
     layer = _conv_layer(stride=1)
     poses, acts = _capsules(2, 6, 2)
     res, _ = layer.route(poses, acts)  # R [B, P, J, I]
-    _, child = layer._indices(6, 6, poses.device)
+    *_, child = layer.fields(poses)  # poses on a 6×6 grid
     per_slot = res.assignments.sum(dim=2).reshape(2, -1)  # summed over the parent types  [B, P·I]
     per_child = torch.zeros(2, 6 * 6 * 2, dtype=per_slot.dtype).index_add(1, child.reshape(-1), per_slot)
     torch.testing.assert_close(per_child, torch.ones_like(per_child))  # every child is in some field (stride 1)

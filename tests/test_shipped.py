@@ -6,6 +6,8 @@ import json
 import shlex
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from capsnet import create_model
 from capsnet.cli import main
@@ -16,8 +18,9 @@ from capsnet.data.idx import find_files
 from capsnet.data.split import stratified_holdout
 from capsnet.errors import CheckpointError, ConfigError
 from capsnet.models import hub
+from capsnet.models.pretrained import load_pretrained
 from capsnet.models.registry import MODELS
-from capsnet.tools.ship import ship_card, ship_run
+from capsnet.tools.ship import predictions, ship_card, ship_run
 from capsnet.training.checkpoint import checkpoint_info
 from capsnet.training.evaluator import evaluate
 
@@ -49,6 +52,13 @@ def test_a_shipped_folder_scores_what_its_card_records(name, tag):
     assert evaluate(model, held)["accuracy"] == card["val_accuracy"] and len(held) == validation["n"]
     assert card["command"].startswith(f"capsnet train --model {name}")
     assert checkpoint_info(hub.shipped_folder(name, tag))["selected_on"] in ("val_acc", "val_loss")  # on validation
+    stored = {t.dtype for t in load_file(str(hub.shipped_folder(name, tag) / "model.safetensors")).values()}
+    if "storage" in card:  # float16 storage, compared image by image on these splits when shipped
+        assert card["storage"] == {"dtype": "float16", "compared": {"validation": len(held), "test": test["n"]},
+                                   "changed": 0}  # fmt: skip
+        assert torch.float16 in stored and torch.float32 not in stored
+    else:
+        assert torch.float16 not in stored
 
 
 # ------------------------------------------------------------------------------------------------ shipping a run
@@ -96,3 +106,48 @@ def test_only_a_finished_run_chosen_on_validation_ships(tmp_path):
     (run / "test.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="unreadable run record"):
         ship_card(run)
+
+
+def _trained(tmp_path, *, rounded: bool):
+    """A TINY run; `rounded`: its best/ weights set to float16-representable values (so float16 storage is exact)."""
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--out", str(run)]) == 0
+    if rounded:
+        best = load_pretrained(run / "best")
+        best.load_state_dict(
+            {k: v.half().float() if v.is_floating_point() else v for k, v in best.state_dict().items()}
+        )
+        best.save_pretrained(run / "best", metadata=checkpoint_info(run / "best"))
+    return run
+
+
+def test_half_storage_ships_float16_weights_that_predict_every_image_as_the_float32_ones(tmp_path):
+    run = _trained(tmp_path, rounded=True)
+    full = ship_run(run, tag="full", root=tmp_path / "weights")
+    half = ship_run(run, tag="half", root=tmp_path / "weights", half=True)
+    sizes = [(f / "model.safetensors").stat().st_size for f in (full, half)]
+    assert sizes[1] < 0.55 * sizes[0], sizes
+    assert {t.dtype for t in load_file(str(half / "model.safetensors")).values()} <= {torch.float16, torch.int64}
+    card = hub.read_card(half)
+    assert card is not None and card["storage"] == {"dtype": "float16", "compared": {"validation": 600, "test": 2000},
+                                                    "changed": 0}  # fmt: skip
+    test = load_dataset("mnist-sample").test
+    a, b = load_pretrained(full), load_pretrained(half)
+    assert next(b.parameters()).dtype == torch.float32  # loaded back as float32
+    assert torch.equal(predictions(a, test), predictions(b, test))
+
+
+def test_half_storage_is_refused_where_it_changes_a_prediction_or_a_weight_overflows(tmp_path, monkeypatch):
+    run = _trained(tmp_path, rounded=False)
+    calls = iter([torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([1, 0]), torch.tensor([3])])
+    monkeypatch.setattr("capsnet.tools.ship.predictions", lambda model, split: next(calls))
+    with pytest.raises(CheckpointError, match="changes the prediction of 1 of 600 validation images, 0 of 2000 test"):
+        ship_run(run, tag="half", root=tmp_path / "weights", half=True)
+    monkeypatch.undo()
+    best = load_pretrained(run / "best")
+    with torch.no_grad():
+        next(best.parameters()).view(-1)[0] = 1e6  # float16's largest is 65504
+    best.save_pretrained(run / "best", metadata=checkpoint_info(run / "best"))
+    with pytest.raises(CheckpointError, match="beyond float16's range"):
+        ship_run(run, tag="half", root=tmp_path / "weights", half=True)
+    assert not (tmp_path / "weights").exists()  # nothing written

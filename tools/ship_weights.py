@@ -1,6 +1,6 @@
 """Ship a finished training run's validation-chosen checkpoint (RUN/best/) inside the package, with its card.
 
-    python tools/ship_weights.py RUN --tag TAG [--root DIR]
+    python tools/ship_weights.py RUN --tag TAG [--root DIR] [--half]
 
 Writes src/capsnet/models/weights/<model>/<tag>/ (or DIR/<model>/<tag>/): see capsnet.tools.ship. Then run
 tests/test_shipped.py, which scores the folder again and must find the card's figures.
@@ -19,9 +19,12 @@ def main() -> int:
     parser.add_argument("run", metavar="RUN", help="a finished training run folder (with test.json and best/)")
     parser.add_argument("--tag", required=True, help="the tag to ship it as, e.g. fashion-mnist")
     parser.add_argument("--root", help="the weights root (default: the package's models/weights/)")
+    parser.add_argument(
+        "--half", action="store_true", help="store float16 weights (refused where that changes a prediction)"
+    )
     args = parser.parse_args()
     try:
-        folder = ship_run(args.run, tag=args.tag, root=args.root)
+        folder = ship_run(args.run, tag=args.tag, root=args.root, half=args.half)
     except (CapsNetError, OSError) as e:
         print(f"ship_weights: error: {e}", file=sys.stderr)
         return 2

@@ -186,40 +186,55 @@ def _route(u, a_in, beta_u, beta_a, opts: _Options):
     return mu_c, logits, r, qs, es
 
 
+class Replayed:
+    """The saved contractions replayed in a backward pass: `contract_w(t, w)` and `contract_theta(t, θ)` return the
+    forward's Q_t and E_t through `_Replay`, keeping the small operands; once autograd has run, `grad_u` forms
+    ∂U = Σ_t w_t ⊗ ∂Q_t + Σ_t ∂E_t ⊗ θ_t  [B, P, J, I, 2D] in one batched product of inner size 2r − 1, instead of
+    autograd's one ∂U per contraction summed. (EM routing's backward and VB routing's share it.)"""
+
+    def __init__(self, u: torch.Tensor, qs: list[torch.Tensor], es: list[torch.Tensor]):
+        self.u, self.qs, self.es = u, qs, es
+        self.ws: list[torch.Tensor] = []
+        self.thetas: list[torch.Tensor] = []
+        self.g_q: dict[int, torch.Tensor] = {}
+        self.g_e: dict[int, torch.Tensor] = {}
+
+    def contract_w(self, t: int, w: torch.Tensor) -> torch.Tensor:
+        self.ws.append(w.detach())
+        return _Replay.apply(w, self.qs[t], self.u, self.g_q, t, "w")
+
+    def contract_theta(self, t: int, theta: torch.Tensor) -> torch.Tensor:
+        self.thetas.append(theta.detach())
+        return _Replay.apply(theta, self.es[t], self.u, self.g_e, t, "theta")
+
+    def grad_u(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """∂U  [B, P, J, I, 2D] (into `out` where given)."""
+        zeros_q, zeros_e = torch.zeros_like(self.qs[0]), torch.zeros_like(self.ws[0])
+        left = torch.stack(self.ws + [self.g_e.get(t, zeros_e) for t in range(len(self.thetas))], dim=-2)
+        right = torch.stack([self.g_q.get(t, zeros_q) for t in range(len(self.ws))] + self.thetas, dim=-2)
+        k, (i, n) = left.shape[-2], self.u.shape[-2:]  # left [B, P, J, 2r−1, I], right [B, P, J, 2r−1, 2D]
+        if out is None:
+            out = self.u.new_empty(self.u.shape)
+        torch.bmm(left.view(-1, k, i).transpose(1, 2), right.view(-1, k, n), out=out.view(-1, i, n))  # leftᵀ @ right
+        return out
+
+
 def _route_backward(u, leaves, qs, es, grads, opts: _Options, out: torch.Tensor | None = None) -> torch.Tensor:
     """The backward pass of `_route`: replays the small [B, P, J, I] graph under autograd with the saved
-    contractions (the gradients of `leaves` = (a, β_u, β_a) accumulate in their .grad) and returns
-    ∂U = Σ_t w_t ⊗ ∂Q_t + Σ_t ∂E_t ⊗ θ_t  [B, P, J, I, 32] (into `out` where given): one batched product of inner
-    size 2r − 1, instead of autograd's one ∂U per contraction summed."""
-    ws: list[torch.Tensor] = []
-    thetas: list[torch.Tensor] = []
-    g_q: dict[int, torch.Tensor] = {}
-    g_e: dict[int, torch.Tensor] = {}
-
-    def contract_w(t, w):
-        ws.append(w.detach())
-        return _Replay.apply(w, qs[t], u, g_q, t, "w")
-
-    def contract_theta(t, theta):
-        thetas.append(theta.detach())
-        return _Replay.apply(theta, es[t], u, g_e, t, "theta")
-
+    contractions (the gradients of `leaves` = (a, β_u, β_a) accumulate in their .grad) and returns ∂U
+    [B, P, J, I, 32] (`Replayed.grad_u`, into `out` where given)."""
+    replay = Replayed(u, qs, es)
     with torch.enable_grad():
         log_r = initial_log_assignments(opts.shape[:4], opts.child_index, opts.n_children, u)
         a_leaf, beta_u_leaf, beta_a_leaf = leaves
-        mu_c, logits, r = _em_loop(contract_w, contract_theta, a_leaf, beta_u_leaf, beta_a_leaf, log_r, opts)
+        mu_c, logits, r = _em_loop(
+            replay.contract_w, replay.contract_theta, a_leaf, beta_u_leaf, beta_a_leaf, log_r, opts
+        )
         outs = [(mu_c, grads[0]), (torch.sigmoid(logits), grads[1]), (logits, grads[2]), (r, grads[3])]
         outs = [(o, g) for o, g in outs if g is not None and o.requires_grad]
         if outs:
             torch.autograd.backward([o for o, _ in outs], [g for _, g in outs])
-    zeros_q, zeros_e = torch.zeros_like(qs[0]), torch.zeros_like(ws[0])
-    left = torch.stack(ws + [g_e.get(t, zeros_e) for t in range(len(thetas))], dim=-2)  # [B, P, J, 2r−1, I]
-    right = torch.stack([g_q.get(t, zeros_q) for t in range(len(ws))] + thetas, dim=-2)  # [B, P, J, 2r−1, 32]
-    k, (i, n) = left.shape[-2], u.shape[-2:]
-    if out is None:
-        out = u.new_empty(u.shape)
-    torch.bmm(left.view(-1, k, i).transpose(1, 2), right.view(-1, k, n), out=out.view(-1, i, n))  # leftᵀ @ right
-    return out
+    return replay.grad_u(out)
 
 
 class _EMRouting(torch.autograd.Function):

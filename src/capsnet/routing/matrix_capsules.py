@@ -128,7 +128,45 @@ def _field_positions(height: int, width: int, kernel_size: int, stride: int) -> 
     return (rows * width + cols).reshape(out_h * out_w, kernel_size * kernel_size)
 
 
-class ConvCaps(_CentredActivations):
+class CapsuleFields:
+    """A convolutional capsule layer's grid: the output grid of a K×K kernel at a stride, and the children in each
+    parent's field, cached per input grid (EM's ConvCaps and VB's VBConvCaps share it)."""
+
+    in_types: int
+    out_types: int
+    kernel_size: int
+    stride: int
+    iterations: int
+    _index_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]]
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, iterations={self.iterations}"
+        )
+
+    def output_grid(self, height: int, width: int) -> tuple[int, int]:
+        k, s = self.kernel_size, self.stride
+        return (height - k) // s + 1, (width - k) // s + 1
+
+    def fields(self, poses: torch.Tensor) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+        """(H', W', field positions [P·K·K], child index of each slot [P, K·K·T_in]) for poses [B, H, W, T, 16]:
+        ValueError for another number of types, or a grid smaller than the kernel."""
+        _, hh, ww, t, _ = poses.shape
+        if t != self.in_types:
+            raise ValueError(f"{type(self).__name__} expects {self.in_types} capsule types, got {t}")
+        out_h, out_w = self.output_grid(hh, ww)
+        if out_h < 1 or out_w < 1:
+            k = self.kernel_size
+            raise ValueError(f"a {hh}x{ww} capsule grid is smaller than the {k}x{k} kernel")
+        key = (hh, ww, str(poses.device))
+        if key not in self._index_cache:
+            pos, child = field_indices(hh, ww, self.kernel_size, self.stride, self.in_types)
+            self._index_cache[key] = (pos.to(poses.device), child.to(poses.device))
+        return out_h, out_w, *self._index_cache[key]
+
+
+class ConvCaps(CapsuleFields, _CentredActivations):
     """A convolutional capsule layer (§3, ConvCaps1/2): each parent at each output position is routed by EM from
     the K×K×T_in children in its receptive field; W_ij depends on the kernel offset, the child type and the parent
     type and is shared across positions. R_ij is normalised over every parent a child reaches, at all positions.
@@ -163,34 +201,10 @@ class ConvCaps(_CentredActivations):
         self._setup_centring(centre_activations)
         self.fast = True
 
-    def extra_repr(self) -> str:
-        return (
-            f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
-            f"stride={self.stride}, iterations={self.iterations}"
-        )
-
-    def output_grid(self, height: int, width: int) -> tuple[int, int]:
-        k, s = self.kernel_size, self.stride
-        return (height - k) // s + 1, (width - k) // s + 1
-
-    def _indices(self, height: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(field positions [P·K·K], child index of each slot [P, K·K·T_in]) for an input grid, cached."""
-        key = (height, width, str(device))
-        if key not in self._index_cache:
-            pos, child = field_indices(height, width, self.kernel_size, self.stride, self.in_types)
-            self._index_cache[key] = (pos.to(device), child.to(device))
-        return self._index_cache[key]
-
     def route(self, poses: torch.Tensor, activations: torch.Tensor) -> tuple[EMResult, tuple[int, int]]:
         """The EM result [B, P, J, ...] and the output grid, for poses [B, H, W, T, 16], activations [B, H, W, T]."""
         _, hh, ww, t, _ = poses.shape
-        if t != self.in_types:
-            raise ValueError(f"ConvCaps expects {self.in_types} capsule types, got {t}")
-        out_h, out_w = self.output_grid(hh, ww)
-        if out_h < 1 or out_w < 1:
-            k = self.kernel_size
-            raise ValueError(f"a {hh}x{ww} capsule grid is smaller than the {k}x{k} kernel")
-        pos, child = self._indices(hh, ww, poses.device)
+        out_h, out_w, pos, child = self.fields(poses)
         p = out_h * out_w
         m, a = gather_fields(poses, activations, pos, p)  # the children in each field  [B, P, I, 4, 4], [B, P, I]
         options: dict[str, Any] = {

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from .em import _Replay, child_normalizer
+from .em import Replayed, child_normalizer
 
 MIN_NORMALISER = 1e-11  # the authors' clamp of Σ_j ρ_ij
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -184,28 +184,13 @@ class _VBRouting(torch.autograd.Function):
         u, c, a, beta_u, beta_a, *saved = ctx.saved_tensors
         qs, es = saved[: opts.iterations], saved[opts.iterations :]
         leaves = [x.detach().requires_grad_() for x in (c, a, beta_u, beta_a)]
-        ws: list[torch.Tensor] = []
-        thetas: list[torch.Tensor] = []
-        g_q: dict[int, torch.Tensor] = {}
-        g_e: dict[int, torch.Tensor] = {}
-
-        def contract_w(t, w):
-            ws.append(w.detach())
-            return _Replay.apply(w, qs[t], u, g_q, t, "w")
-
-        def contract_theta(t, theta):
-            thetas.append(theta.detach())
-            return _Replay.apply(theta, es[t], u, g_e, t, "theta")
-
+        replay = Replayed(u, qs, es)
         with torch.enable_grad():
             c_leaf, a_leaf, bu_leaf, ba_leaf = leaves
-            outs = _vb_loop(contract_w, contract_theta, c_leaf, a_leaf, bu_leaf, ba_leaf, opts)
+            outs = _vb_loop(replay.contract_w, replay.contract_theta, c_leaf, a_leaf, bu_leaf, ba_leaf, opts)
             pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o.requires_grad]
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-        zeros_q, zeros_e = torch.zeros_like(qs[0]), torch.zeros_like(ws[0])
-        left = torch.stack(ws + [g_e.get(t, zeros_e) for t in range(len(thetas))], dim=-2)  # [B, P, J, 2r−1, I]
-        right = torch.stack([g_q.get(t, zeros_q) for t in range(len(ws))] + thetas, dim=-2)  # [B, P, J, 2r−1, 2D]
-        g_u = left.transpose(-1, -2) @ right  # ∂U  [B, P, J, I, 2D]
+        g_u = replay.grad_u()  # ∂U  [B, P, J, I, 2D]
         d, n_slots = c.shape[-1], u.shape[-2]
         # U = [x, x²] with x = V − c, c = mean_i V: ∂x = ∂U[:D] + 2x ∂U[D:]; ∂V = ∂x − mean_i ∂x + ∂c / I
         g_x = torch.addcmul(g_u[..., :d], u[..., :d], g_u[..., d:], value=2.0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .matrix_capsules import class_votes, field_indices, field_votes, gather_fields
+from .matrix_capsules import CapsuleFields, class_votes, field_votes, gather_fields
 from .vb import DEFAULT_PRIOR, MIN_NORMALISER, VBNorm, VBPrior, VBResult, routing_dtype, vb_routing, xavier_bound
 
 
@@ -43,7 +43,7 @@ class VBPrimaryCaps(nn.Module):
         return pose.permute(0, 3, 4, 1, 2), acts.permute(0, 2, 3, 1)
 
 
-class VBConvCaps(nn.Module):
+class VBConvCaps(CapsuleFields, nn.Module):
     """A convolutional capsule layer routed by VB (the authors' ConvCapsules2d + VariationalBayesRouting2d): each
     parent at each output position is a component fitted to the votes of the K×K×T_in children in its field; W_ij
     depends on the kernel offset, the child type and the parent type and is shared across positions; R_ij is
@@ -75,33 +75,10 @@ class VBConvCaps(nn.Module):
         self.norm = VBNorm(out_types, enabled=batchnorm)
         self._index_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def extra_repr(self) -> str:
-        return (
-            f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
-            f"stride={self.stride}, iterations={self.iterations}"
-        )
-
-    def output_grid(self, height: int, width: int) -> tuple[int, int]:
-        k, s = self.kernel_size, self.stride
-        return (height - k) // s + 1, (width - k) // s + 1
-
-    def _indices(self, height: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (height, width, str(device))
-        if key not in self._index_cache:
-            pos, child = field_indices(height, width, self.kernel_size, self.stride, self.in_types)
-            self._index_cache[key] = (pos.to(device), child.to(device))
-        return self._index_cache[key]
-
     def route(self, poses: torch.Tensor, activations: torch.Tensor) -> tuple[VBResult, tuple[int, int]]:
         """The VB result [B, P, J, ...] (before VBNorm) and the output grid."""
         _, hh, ww, t, _ = poses.shape
-        if t != self.in_types:
-            raise ValueError(f"VBConvCaps expects {self.in_types} capsule types, got {t}")
-        out_h, out_w = self.output_grid(hh, ww)
-        if out_h < 1 or out_w < 1:
-            k = self.kernel_size
-            raise ValueError(f"a {hh}x{ww} capsule grid is smaller than the {k}x{k} kernel")
-        pos, child = self._indices(hh, ww, poses.device)
+        out_h, out_w, pos, child = self.fields(poses)
         with torch.autocast(device_type=poses.device.type, enabled=False):  # in float32 (or 64): routing_dtype
             dtype = routing_dtype(poses)
             m, a = gather_fields(

@@ -7,6 +7,10 @@ The card's `command` is the `capsnet train` command that the run's config.json d
 from its default), `val_accuracy` and `epoch` the validation figure that chose best/, `test_accuracy` that
 checkpoint's test figure as the run measured it once at its end (test.json), and `data_md5` the MD5 of each file of
 the data set it was trained on. tests/test_shipped.py scores every shipped folder again and must find the same figures.
+
+`--half` stores the weights as float16 (half the bytes; loading casts them back to float32). It ships only where
+the rounding changes no prediction on the run's validation and test images, and the card records the count
+compared (`storage`).
 """
 
 from __future__ import annotations
@@ -15,20 +19,28 @@ import dataclasses
 import json
 import os
 import shlex
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import load_file, save_file
+
 from ..config import field_default
-from ..data.datasets import resolve
+from ..data.datasets import load_dataset, resolve
 from ..data.download import md5_file
 from ..data.idx import find_files
+from ..data.scaling import channel_stats
+from ..data.split import Split, stratified_holdout
 from ..errors import CheckpointError, ConfigError
 from ..models.hub import save_shipped
 from ..models.inputs import DATA_FIELDS
-from ..models.pretrained import load_pretrained
+from ..models.pretrained import WEIGHTS_NAME, load_pretrained
+from ..models.recipe import model_input
 from ..models.registry import MODELS
 from ..training.checkpoint import TEST_NAME, checkpoint_info
 from ..training.config import TrainConfig
+from ..training.evaluator import standardizes_channels
 
 # TrainConfig settings that do not change what a run learns, left out of the recorded command.
 NOT_IN_COMMAND = ("device", "progress", "tensorboard", "resume", "strict")
@@ -108,14 +120,63 @@ def ship_card(run_dir: str | os.PathLike) -> dict[str, Any]:
     return {**card, "data_md5": data_md5s(train["dataset"], train.get("data_dir"))}
 
 
-def ship_run(run_dir: str | os.PathLike, *, tag: str, root: str | os.PathLike | None = None) -> Path:
+def ship_run(
+    run_dir: str | os.PathLike, *, tag: str, root: str | os.PathLike | None = None, half: bool = False
+) -> Path:
     """Write run_dir/best/ as shipped weights MODEL:TAG (root: capsnet.models.hub.weights_root() by default), with
-    its `ship_card`; returns the folder written."""
+    its `ship_card`; returns the folder written. `half`: stored as float16, refused (CheckpointError) where that
+    changes a prediction on the run's validation or test images."""
     card = ship_card(run_dir)
     best = Path(run_dir) / "best"
     model = load_pretrained(best)
     name = MODELS.canonical(model.model_type)
+    if half:
+        card["storage"] = half_storage(model, card)
     return save_shipped(model, name=name, tag=tag, card=card, root=root, metadata=checkpoint_info(best))
 
 
-__all__ = ["data_md5s", "ship_card", "ship_run", "train_command"]
+def half_storage(model: Any, card: dict[str, Any]) -> dict[str, Any]:
+    """Cast `model`'s floating-point weights to float16 in place, after checking that the float16 copy, loaded back
+    as float32 the way from_pretrained loads it, predicts every validation and test image of the card's data as the
+    float32 weights do; returns the card's `storage` record."""
+    data = load_dataset(card["dataset"])
+    validation = card["validation"]
+    if validation.get("source") == "official":
+        held = data.val
+    else:
+        held = stratified_holdout(data.train, validation["fraction"], seed=validation["seed"])[1]
+    splits = {"validation": held, "test": data.test}
+    before = {k: predictions(model, split) for k, split in splits.items()}
+    with tempfile.TemporaryDirectory(prefix="capsnet-half-") as tmp:
+        rounded = load_pretrained(_half_copy(model, Path(tmp)))
+    changed = {k: int((predictions(rounded, split) != before[k]).sum()) for k, split in splits.items()}
+    if any(changed.values()):
+        counts = ", ".join(f"{n} of {len(splits[k])} {k} images" for k, n in changed.items())
+        raise CheckpointError(f"float16 storage changes the prediction of {counts}: ship it without --half")
+    model.half()  # (save_pretrained then writes float16 tensors)
+    return {"dtype": "float16", "compared": {k: len(split) for k, split in splits.items()}, "changed": 0}
+
+
+def _half_copy(model: Any, folder: Path) -> Path:
+    """`model` saved into `folder` with float16 weights (for load_pretrained)."""
+    model.save_pretrained(folder)
+    state = {k: v.half() if v.is_floating_point() else v for k, v in load_file(str(folder / WEIGHTS_NAME)).items()}
+    if not all(bool(v.isfinite().all()) for v in state.values() if v.is_floating_point()):
+        raise CheckpointError("a weight is beyond float16's range: ship it without --half")
+    save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+    return folder
+
+
+@torch.no_grad()
+def predictions(model: Any, split: Split, *, batch_size: int = 250) -> torch.Tensor:
+    """The class `model` predicts for each image of `split`, through its input recipe  [N]."""
+    model.eval()
+    stats = channel_stats(split) if standardizes_channels(model) else None
+    out = [
+        model(model_input(model, split.images[i : i + batch_size], stats=stats)).predictions.long()
+        for i in range(0, len(split), batch_size)
+    ]
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+
+__all__ = ["data_md5s", "half_storage", "predictions", "ship_card", "ship_run", "train_command"]
