@@ -141,11 +141,13 @@ def half_storage(model: Any, card: dict[str, Any]) -> dict[str, Any]:
     float32 weights do; returns the card's `storage` record."""
     data = load_dataset(card["dataset"])
     validation = card["validation"]
-    if validation.get("source") == "official":
+    if validation.get("source") == "official" or data.train is None:
         held = data.val
     else:
         held = stratified_holdout(data.train, validation["fraction"], seed=validation["seed"])[1]
-    splits = {"validation": held, "test": data.test}
+    if held is None or data.test is None:
+        raise CheckpointError(f"{card['dataset']}: no validation or test images to compare float16 storage on")
+    splits: dict[str, Split] = {"validation": held, "test": data.test}
     before = {k: predictions(model, split) for k, split in splits.items()}
     with tempfile.TemporaryDirectory(prefix="capsnet-half-") as tmp:
         rounded = load_pretrained(_half_copy(model, Path(tmp)))
