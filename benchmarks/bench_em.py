@@ -36,7 +36,7 @@ LAYERS = {"caps1": (14, 32, 32, 2), "caps2": (6, 32, 32, 1)}
 def transcription(layer: ConvCaps, poses: torch.Tensor, acts: torch.Tensor):
     """Procedure 1 as written, on unfolded children  [B, P, I, J, ...]. Returns (poses, activations) of the parents."""
     b, hh, ww, t, _ = poses.shape
-    pos, child = layer._indices(hh, ww, poses.device)
+    _, _, pos, child = layer.fields(poses)
     p, i, j = child.shape[0], child.shape[1], layer.out_types
     m = poses.reshape(b, hh * ww, t, 16)[:, pos].reshape(b, p, i, 1, 4, 4)  # unfold  [B, P, I, 1, 4, 4]
     a = acts.reshape(b, hh * ww, t)[:, pos].reshape(b, p, i)  # a_i  [B, P, I]
