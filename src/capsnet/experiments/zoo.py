@@ -67,9 +67,10 @@ SAMPLE_EPOCHS: dict[str, int] = {
     "hvc-capsnet": 15,
     "deepcaps": 10,
     # routes 1,024 parts × 64 of 4×4 poses per image: a batch-20 step took 16-22 s on the 2 shared cores under a
-    # load average of 17 (docs/benchmarks.md, Heinsen routing), a few seconds unloaded
-    "heinsen-capsnet": 3,
-    "cluster-capsnet": 3,  # 4.6 img/s training at batch 64 on the loaded 2-core machine: about 20 min an epoch
+    # load average of 17 (docs/benchmarks.md, Heinsen routing), a few seconds unloaded; one epoch a seed
+    "heinsen-capsnet": 1,
+    # 4.6 img/s training at batch 64 on the loaded 2-core machine, about 20 min an epoch; one epoch a seed
+    "cluster-capsnet": 1,
     "vb-capsnet": 3,
 }
 FASHION_EPOCHS = 3  # one budget for every model on full Fashion-MNIST
