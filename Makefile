@@ -15,13 +15,17 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+# pytest-xdist: a worker per core (at most 4), each computing on one thread; a test module's tests stay on one
+# worker, so that its module fixtures are built once, but for a few (tests/conftest.py, SPREAD).
+XDIST := -n auto --maxprocesses 4 --dist loadgroup
+
 # Everything: lint, types, every test (the slow and tooling ones too: kernel build, notebook, browser, wheel,
 # benchmark scripts, torchrun, CLI subprocesses).
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 	$(MAKE) docs
 
 # The docs site (site/): docs/ plus the README as its front page, the API reference from the docstrings
@@ -35,7 +39,7 @@ check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy
-	$(PY) -m pytest -q -m "not slow and not tooling"
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not tooling"
 
 demo: $(STAMP)
 	$(PY) -m capsnet demo

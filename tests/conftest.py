@@ -5,11 +5,28 @@ import socket
 import pytest
 import torch
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# Under pytest-xdist (`make test` runs a worker per core) each worker computes on one thread: the workers share the
+# cores, and a worker's subprocesses (OMP_NUM_THREADS) inherit the same.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+else:
+    torch.set_num_threads(min(2, torch.get_num_threads()))
 if not torch.cuda.is_available():
     # Triton kernels run on the CPU under Triton's interpreter (tests/test_routing_triton.py). Triton reads this when
     # it is imported (by torch._dynamo, on capsnet's import), so it is set here, before any test module imports.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Under pytest-xdist (`make test`: --dist loadgroup) a test module's tests go to one worker, so that its module
+# fixtures are built once; the modules in SPREAD, of long tests and cheap fixtures, spread over the workers.
+SPREAD = {"test_trainability.py", "test_input_contract.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name not in SPREAD:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
 # The suite routes on the PyTorch path whatever the kernel cache holds; the kernel tests unset this and build the
 # kernels explicitly (the `routing_kernel` fixture; tests/test_routing_cpu.py, tests/test_inverted_attention_cpu.py).
 # Subprocesses inherit it. CAPSNET_NO_EXT=0 in the environment runs the whole suite with the kernels it finds built.

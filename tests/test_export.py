@@ -11,6 +11,7 @@ import torch
 from helpers import small_config
 from test_api import tiny
 
+import capsnet
 from capsnet import CapsNet, export_model
 from capsnet.cli import main
 from capsnet.errors import ConfigError, ExportError
@@ -75,6 +76,7 @@ def test_onnx_runs_in_onnxruntime_like_the_model(name, tmp_path, traced):
         for g, w in zip(got, want):
             assert g.shape == tuple(w.shape)
             assert abs(torch.from_numpy(g) - w).max().item() <= 1e-4
+        assert abs(torch.from_numpy(got[0]) - capsnet.predict(model, images).lengths).max().item() <= 1e-4  # front door
 
 
 @pytest.mark.slow

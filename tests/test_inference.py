@@ -28,7 +28,7 @@ def close(got: torch.Tensor, want: torch.Tensor) -> None:
     torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=1e-5)
 
 
-# (an export per model: seconds each; capsnet's runs in the quick suite)
+# (a save and a command line per model; capsnet's, with its export, runs in the quick suite)
 MODELS = [name if name == "capsnet" else pytest.param(name, marks=pytest.mark.slow) for name in capsnet.list_models()]
 
 
@@ -54,7 +54,10 @@ def test_predict_the_command_line_the_onnx_graph_and_an_ensemble_agree(name, tmp
     close(capsnet.predict(model, paths).lengths, p.lengths)  # the files from Python: the same conversion
     Image = pytest.importorskip("PIL.Image")
     close(capsnet.predict(model, [Image.open(path) for path in paths]).lengths, p.lengths)  # PIL images: the same
-    # the exported graph takes the same uint8 pixels
+    # the exported graph takes the same uint8 pixels (checked here on CapsNet with this recipe; test_export checks
+    # every model's graph against capsnet.predict on uint8 images)
+    if name != "capsnet":
+        return
     onnxruntime = pytest.importorskip("onnxruntime")
     capsnet.export_model(model, tmp_path / "model.onnx", check=False)
     session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
