@@ -20,12 +20,12 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 XDIST := -n auto --maxprocesses 4 --dist loadgroup
 
 # Everything: lint, types, every test (the slow and tooling ones too: kernel build, notebook, browser, wheel,
-# benchmark scripts, torchrun, CLI subprocesses).
+# benchmark scripts, torchrun, CLI subprocesses), and the 30 slowest.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy
-	$(PY) -m pytest -q $(XDIST)
+	$(PY) -m pytest -q $(XDIST) --durations=30
 	$(MAKE) docs
 
 # The docs site (site/): docs/ plus the README as its front page, the API reference from the docstrings
