@@ -15,6 +15,7 @@ from photos import photo, write_photos
 from capsnet import create_model
 from capsnet.cli import main
 from capsnet.data.datasets import load_dataset
+from capsnet.data.folder import _decode
 from capsnet.data.mnist_form import mnist_form
 from capsnet.inference import prepare_image
 from capsnet.models.recipe import model_input
@@ -158,3 +159,25 @@ def test_the_exported_graphs_note_sends_a_digit_models_photos_to_the_docs():
     digits = create_model("efficient-capsnet", pretrained="mnist-sample")
     assert "MNIST's form" in input_note(digits) and "docs/inputs.md" in input_note(digits)
     assert "MNIST's form" not in input_note(create_model("efficient-capsnet", digits=False))
+
+
+@pytest.mark.parametrize("ink", [0, 255], ids=["dark-ink", "light-ink"])
+def test_a_digit_drawn_on_a_transparent_canvas_reads_as_on_paper(held_out, tmp_path, ink):
+    """A PNG whose strokes are all one colour and whose shape is in the alpha channel (a drawing program's export)
+    reads as the same strokes on paper: dropping the alpha would leave a blank image."""
+    model = create_model("efficient-capsnet", pretrained="mnist-sample")
+    digits, _ = held_out
+    canvas = np.zeros((28, 28, 4), np.uint8)
+    canvas[..., :3], canvas[..., 3] = ink, digits[0]  # the colour everywhere, the digit in alpha
+    Image.fromarray(canvas, "RGBA").save(tmp_path / "drawn.png")
+    x, how = prepare_image(tmp_path / "drawn.png", model.config)
+    paper = 255 - digits[0] if ink == 0 else digits[0]  # the strokes on contrasting paper, as an opaque file holds them
+    want, _ = prepare_image(_save(tmp_path / "opaque.png", paper), model.config)
+    assert torch.equal(x, want), how
+    read = _decode(tmp_path / "drawn.png", (28, 28), 1)[0]  # the image-folder reader's decoding of one file
+    assert np.abs(read.astype(int) - paper.astype(int)).max() <= 1  # the image folder reader: the same paper
+
+
+def _save(path, digit):
+    Image.fromarray(digit).save(path)
+    return path

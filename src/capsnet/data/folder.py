@@ -37,13 +37,13 @@ from ..limits import MAX_ARRAY_ELEMENTS
 from ..logs import LOGGER
 from .arrays import finish
 from .download import cache_root
-from .images import check_pixels
+from .images import check_pixels, flatten_alpha
 from .split import Split
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 MMAP_BYTES = 512 << 20  # decoded sets larger than this stay memory-mapped
 _GREY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: transparent images laid on paper (images.flatten_alpha)
 
 
 def pillow():
@@ -163,7 +163,7 @@ def _decode(path: Path, size: tuple[int, int], channels: int) -> np.ndarray | No
             with Image.open(path) as im:
                 check_pixels(path, im.size)  # (a decompression bomb is skipped as unreadable)
                 im.load()
-                img = im.convert("L" if channels == 1 else "RGB")
+                img = flatten_alpha(im).convert("L" if channels == 1 else "RGB")  # (as predict reads a file)
         if img.size != (size[1], size[0]):
             img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
         arr = np.asarray(img, dtype=np.uint8)

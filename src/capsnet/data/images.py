@@ -24,7 +24,7 @@ def _open_image(path: str | Path | Any, channels: int):
         raise CapsNetError("capsnet predict needs Pillow: pip install 'capsnet[images]'") from None
     if isinstance(path, Image.Image):
         check_pixels("an image", path.size)
-        return path.convert("L" if channels == 1 else "RGB")
+        return flatten_alpha(path).convert("L" if channels == 1 else "RGB")
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: no such image file")
@@ -34,9 +34,26 @@ def _open_image(path: str | Path | Any, channels: int):
             with Image.open(path) as im:
                 check_pixels(path, im.size)  # (from the header, before decoding)
                 im.load()
-                return im.convert("L" if channels == 1 else "RGB")
+                return flatten_alpha(im).convert("L" if channels == 1 else "RGB")
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, SyntaxError) as e:
         raise DatasetError(f"{path}: not a readable image ({e})") from None
+
+
+def flatten_alpha(im: Any) -> Any:
+    """A Pillow image with transparency (RGBA, LA, or a palette with a transparent colour) laid on opaque paper that
+    contrasts with what it holds: white under dark strokes, black under light ones (by the alpha-weighted mean
+    luminance of its pixels); an image without transparency as it is. Dropping the alpha instead would leave the
+    colour under the transparent pixels, often black, and a dark digit drawn on a transparent canvas would vanish."""
+    from PIL import Image
+
+    if not (im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info)):
+        return im
+    rgba = im.convert("RGBA")
+    alpha = np.asarray(rgba.getchannel("A"), dtype=np.float64)
+    grey = np.asarray(rgba.convert("L"), dtype=np.float64)
+    mean = float((grey * alpha).sum() / alpha.sum()) if alpha.any() else 0.0  # Σ luminance·alpha / Σ alpha
+    paper = Image.new("RGBA", rgba.size, (0, 0, 0, 255) if mean >= 128 else (255, 255, 255, 255))
+    return Image.alpha_composite(paper, rgba).convert("RGB")
 
 
 def check_pixels(path: str | Path, size: tuple[int, int]) -> None:

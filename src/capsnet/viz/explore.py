@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..data.images import flatten_alpha
 from ..errors import CapsNetError, ConfigError
 from . import explore_model as em
 
@@ -123,18 +124,14 @@ class Explorer:
         return self.names.index(choice) if choice in self.names else a.prediction
 
     def drawing(self, value: dict | None) -> dict[str, Any]:
-        """The sketchpad's drawing (RGBA strokes on a transparent canvas), flattened onto white and classified as
-        the PNG file it is written to."""
+        """The sketchpad's drawing (RGBA strokes on a transparent canvas), laid on paper (`flatten_alpha`) and
+        classified as the PNG file it is written to."""
         composite = None if value is None else value.get("composite")
         if composite is None:
             return {"message": "Draw a digit first."}
         from PIL import Image
 
-        img = Image.fromarray(composite)
-        if img.mode == "RGBA":
-            flat = Image.new("RGB", img.size, "white")
-            flat.paste(img, mask=img.getchannel("A"))
-            img = flat
+        img = flatten_alpha(Image.fromarray(composite))  # (dark strokes: onto white)
         fd, name = tempfile.mkstemp(suffix=".png", dir=self._folder.name)
         try:
             with os.fdopen(fd, "wb") as f:
