@@ -20,7 +20,7 @@ from capsnet.errors import CheckpointError, ConfigError
 from capsnet.models import hub
 from capsnet.models.pretrained import load_pretrained
 from capsnet.models.registry import MODELS
-from capsnet.tools.ship import predictions, ship_card, ship_run
+from capsnet.tools.ship import choose_run, predictions, ship_card, ship_run
 from capsnet.training.checkpoint import checkpoint_info
 from capsnet.training.evaluator import evaluate
 
@@ -85,6 +85,7 @@ def test_shipping_a_run_writes_its_best_checkpoint_and_a_card_whose_command_trai
                                      "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}  # fmt: skip
     words = shlex.split(card["command"])
     assert words[:4] == ["capsnet", "train", "--model", "capsnet"] and "--resume" not in words
+    assert str(tmp_path) not in card["command"] and f"--out runs/{tmp_path.name}/run" in card["command"]  # portable
     again = tmp_path / "again"
     out = words.index("--out")
     assert main([*words[1:out], *words[out + 2 :], "--out", str(again), "--no-progress", "--no-tensorboard"]) == 0
@@ -151,3 +152,18 @@ def test_half_storage_is_refused_where_it_changes_a_prediction_or_a_weight_overf
     with pytest.raises(CheckpointError, match="beyond float16's range"):
         ship_run(run, tag="half", root=tmp_path / "weights", half=True)
     assert not (tmp_path / "weights").exists()  # nothing written
+
+
+def test_of_several_seeds_the_run_with_the_lowest_validation_loss_ships(tmp_path):
+    runs = []
+    for seed, (val_loss, accuracy) in enumerate([(0.30, 0.99), (0.20, 0.90), (0.25, 0.95)]):
+        run = tmp_path / f"seed-{seed}"
+        run.mkdir()
+        (run / "test.json").write_text(json.dumps({"best": {"val_loss": val_loss, "accuracy": accuracy}}))
+        runs.append(run)
+    assert choose_run(runs) == runs[1]  # the lowest validation loss, whatever the test accuracy
+    (runs[2] / "test.json").write_text(json.dumps({"best": {"accuracy": 1.0}}))
+    with pytest.raises(CheckpointError, match=r"seed-2: its test\.json gives no validation loss"):
+        choose_run(runs)
+    with pytest.raises(CheckpointError, match="seed-3: not a finished run"):
+        choose_run([*runs[:2], tmp_path / "seed-3"])

@@ -1,6 +1,8 @@
 """Ship a finished training run's validation-chosen checkpoint (RUN/best/) inside the package, with its card.
 
-    python tools/ship_weights.py RUN --tag TAG [--root DIR] [--half]
+    python tools/ship_weights.py RUN [RUN ...] --tag TAG [--root DIR] [--half]
+
+Given several runs (the seeds of one setting), it ships the one whose best/ has the lowest validation loss.
 
 Writes src/capsnet/models/weights/<model>/<tag>/ (or DIR/<model>/<tag>/): see capsnet.tools.ship. Then run
 tests/test_shipped.py, which scores the folder again and must find the card's figures.
@@ -11,12 +13,14 @@ import sys
 
 from capsnet.errors import CapsNetError
 from capsnet.models.hub import read_card
-from capsnet.tools.ship import ship_run
+from capsnet.tools.ship import choose_run, ship_run
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", metavar="RUN", help="a finished training run folder (with test.json and best/)")
+    parser.add_argument(
+        "runs", metavar="RUN", nargs="+", help="finished training run folders (with test.json and best/)"
+    )
     parser.add_argument("--tag", required=True, help="the tag to ship it as, e.g. fashion-mnist")
     parser.add_argument("--root", help="the weights root (default: the package's models/weights/)")
     parser.add_argument(
@@ -24,13 +28,14 @@ def main() -> int:
     )
     args = parser.parse_args()
     try:
-        folder = ship_run(args.run, tag=args.tag, root=args.root, half=args.half)
+        run = choose_run(args.runs)
+        folder = ship_run(run, tag=args.tag, root=args.root, half=args.half)
     except (CapsNetError, OSError) as e:
         print(f"ship_weights: error: {e}", file=sys.stderr)
         return 2
     card = read_card(folder) or {}
     print(
-        f"{folder}: epoch {card.get('epoch')}, validation {card.get('val_accuracy', 0):.4f}, "
+        f"{folder} (from {run}): epoch {card.get('epoch')}, validation {card.get('val_accuracy', 0):.4f}, "
         f"test {card.get('test_accuracy', 0):.4f}\n  {card.get('command')}"
     )
     return 0

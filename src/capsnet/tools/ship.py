@@ -67,13 +67,21 @@ def train_command(record: dict[str, Any]) -> str:
     words = ["capsnet", "train", "--model", train["model"]]
     for f in dataclasses.fields(TrainConfig):
         if f.name in train and f.name not in (*NOT_IN_COMMAND, "model"):
-            words += _flag(f.name, train[f.name], field_default(f))
+            value = _portable(train[f.name]) if f.name == "out" else train[f.name]
+            words += _flag(f.name, value, field_default(f))
     model_class = MODELS[MODELS.canonical(train["model"])]
     saved = record.get("model") or {}
     for f in dataclasses.fields(model_class.config_class):
         if f.name in saved and f.name not in DATA_FIELDS and f.init:
             words += _flag(f.name, saved[f.name], field_default(f))
     return shlex.join(words)
+
+
+def _portable(out: Any) -> Any:
+    """An absolute run folder as runs/ and its last two parts (a card names no folder of the machine that trained
+    it); a relative one as it is."""
+    path = Path(str(out))
+    return str(Path("runs", *path.parts[-2:])) if path.is_absolute() else out
 
 
 def data_md5s(dataset: str, data_dir: str | None) -> dict[str, str]:
@@ -118,6 +126,23 @@ def ship_card(run_dir: str | os.PathLike) -> dict[str, Any]:
     except (KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{run}: its config.json or {TEST_NAME} lacks what a card records ({e!r})") from None
     return {**card, "data_md5": data_md5s(train["dataset"], train.get("data_dir"))}
+
+
+def choose_run(runs: list[str | os.PathLike]) -> Path:
+    """Of finished runs (one per seed), the one whose best/ has the lowest validation loss (its test.json's
+    best.val_loss; the test figures are not read); CheckpointError if a run has none."""
+    losses: dict[Path, float] = {}
+    for run in map(Path, runs):
+        try:
+            best = json.loads((run / TEST_NAME).read_text(encoding="utf-8"))["best"]
+            losses[run] = float(best["val_loss"])
+        except FileNotFoundError:
+            raise CheckpointError(f"{run}: not a finished run ({TEST_NAME} is missing)") from None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{run}: its {TEST_NAME} gives no validation loss of best/ ({e!r})") from None
+    if not losses:
+        raise CheckpointError("no run to choose from")
+    return min(losses, key=lambda run: losses[run])
 
 
 def ship_run(
@@ -181,4 +206,4 @@ def predictions(model: Any, split: Split, *, batch_size: int = 250) -> torch.Ten
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
-__all__ = ["data_md5s", "half_storage", "predictions", "ship_card", "ship_run", "train_command"]
+__all__ = ["choose_run", "data_md5s", "half_storage", "predictions", "ship_card", "ship_run", "train_command"]
