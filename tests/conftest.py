@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
 SPREAD = {"test_trainability.py", "test_input_contract.py"}
 
 
+@pytest.hookimpl(tryfirst=True)  # (before xdist's own hook reads the groups)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name not in SPREAD:
