@@ -17,7 +17,7 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 
 # pytest-xdist: a worker per core (at most 4), each computing on one thread; a test module's tests stay on one
 # worker, so that its module fixtures are built once, but for a few (tests/conftest.py, SPREAD).
-XDIST := -n auto --maxprocesses 4 --dist loadgroup
+XDIST := -n auto --maxprocesses 4 --dist loadscope
 
 # Everything: lint, types, every test (the slow and tooling ones too: kernel build, notebook, browser, wheel,
 # benchmark scripts, torchrun, CLI subprocesses), and the 30 slowest.

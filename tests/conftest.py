@@ -16,16 +16,23 @@ if not torch.cuda.is_available():
     # Triton kernels run on the CPU under Triton's interpreter (tests/test_routing_triton.py). Triton reads this when
     # it is imported (by torch._dynamo, on capsnet's import), so it is set here, before any test module imports.
     os.environ.setdefault("TRITON_INTERPRET", "1")
-# Under pytest-xdist (`make test`: --dist loadgroup) a test module's tests go to one worker, so that its module
-# fixtures are built once; the modules in SPREAD, of long tests and cheap fixtures, spread over the workers.
+# Under pytest-xdist (`make test`: --dist loadscope) a test module's tests go to one worker, so that its module
+# fixtures are built once; the tests of the modules in SPREAD (long tests, cheap fixtures) each go where there is room.
 SPREAD = {"test_trainability.py", "test_input_contract.py"}
 
 
-@pytest.hookimpl(tryfirst=True)  # (before xdist's own hook reads the groups)
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.name not in SPREAD:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SpreadScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in SPREAD:
+                return nodeid  # a scope of its own
+            return super()._split_scope(nodeid)
+
+    return SpreadScheduling(config, log)
 
 
 # The suite routes on the PyTorch path whatever the kernel cache holds; the kernel tests unset this and build the
