@@ -9,8 +9,8 @@ checkpoint's test figure as the run measured it once at its end (test.json), and
 the data set it was trained on. tests/test_shipped.py scores every shipped folder again and must find the same figures.
 
 `--half` stores the weights as float16 (half the bytes; loading casts them back to float32). It ships only where
-the rounding changes no prediction on the run's validation and test images, and the card records the count
-compared (`storage`).
+the rounding changes no prediction on the data set's validation and test images (those tests/test_shipped.py
+scores), and the card records the count compared (`storage`).
 """
 
 from __future__ import annotations
