@@ -561,3 +561,17 @@ def test_a_resumed_run_continues_the_margin_schedule_exactly(tmp_path):
     assert whole.margin_steps == parts.margin_steps == 8
     for (key, a), b in zip(whole.state_dict().items(), parts.state_dict().values(), strict=True):
         assert torch.equal(a, b), key
+
+
+def test_em_capsnet_routes_in_float32_under_bf16_autocast(tiny_model):
+    # both EM layers (conv_em_routing and em_routing) take bf16 poses from autocast and route them in float32
+    torch.manual_seed(4)
+    x = torch.rand(2, 1, 28, 28)
+    want = tiny_model(x)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = tiny_model(x)[0]
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)  # (only the convolutions ran in bf16)
+    got.sum().backward()
+    grads = [p.grad for p in tiny_model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)

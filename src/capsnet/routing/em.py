@@ -289,6 +289,14 @@ def em_routing(
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     bsz, p, j, i = votes.shape[:4]
     opts = _Options((bsz, p, j, i, 16), iterations, final_lambda, min_var, child_index, n_children)
-    a_in = activations.unsqueeze(2)  # a_i  [B, P, 1, I]
-    poses, acts, logits, r = _EMRouting.apply(votes, a_in, beta_u, beta_a, opts)
+    dtype = routing_dtype(votes)
+    with torch.autocast(device_type=votes.device.type, enabled=False):
+        a_in = activations.to(dtype).unsqueeze(2)  # a_i  [B, P, 1, I]
+        poses, acts, logits, r = _EMRouting.apply(votes.to(dtype), a_in, beta_u, beta_a, opts)
     return EMResult(poses, acts, logits, r)
+
+
+def routing_dtype(x: torch.Tensor) -> torch.dtype:
+    """EM runs in float64 for float64 inputs and in float32 for anything else (e.g. bf16 under autocast): the
+    variances σ² and log σ² of Procedure 1 lose every digit in bf16."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from .em import EMResult, _Options, _route, _route_backward
+from .em import EMResult, _Options, _route, _route_backward, routing_dtype
 
 CHUNK_BYTES = 192 * 2**20  # U per chunk of images (at least one): 4 images of smallNORB ConvCaps1
 # On a GPU fresh memory is not the cost (the caching allocator reuses it) and small chunks would leave it idle, so
@@ -156,11 +156,12 @@ def conv_em_routing(
     bsz, p, i = activations.shape
     j = weight.shape[0]
     opts = _Options((bsz, p, j, i, 16), iterations, final_lambda, min_var, child_index, n_children)
-    per_image = p * j * i * 32 * poses.element_size()  # bytes of U
+    dtype = routing_dtype(poses)
+    per_image = p * j * i * 32 * dtype.itemsize  # bytes of U
     if chunk_bytes is None:
         chunk_bytes = CHUNK_BYTES if poses.device.type == "cpu" else GPU_CHUNK_BYTES
     chunk = max(1, min(bsz, chunk_bytes // per_image))
-    poses, acts, logits, r = _ConvEMRouting.apply(
-        poses.reshape(bsz, p, i, 16), weight, activations.unsqueeze(2), beta_u, beta_a, opts, chunk
-    )
+    with torch.autocast(device_type=poses.device.type, enabled=False):  # (bf16 under autocast: routed in fp32)
+        m, a_in = poses.reshape(bsz, p, i, 16).to(dtype), activations.to(dtype).unsqueeze(2)
+        poses, acts, logits, r = _ConvEMRouting.apply(m, weight.to(dtype), a_in, beta_u, beta_a, opts, chunk)
     return EMResult(poses, acts, logits, r)
