@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test check demo lint bench docs gpu-check gpu-session clean
+.PHONY: test test-tooling check demo lint bench docs gpu-check gpu-session clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,14 +19,19 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 # worker, so that its module fixtures are built once, but for a few (tests/conftest.py, SPREAD).
 XDIST := -n auto --maxprocesses 4 --dist loadscope
 
-# Everything: lint, types, every test (the slow and tooling ones too: kernel build, notebook, browser, wheel,
-# benchmark scripts, torchrun, CLI subprocesses), and the 30 slowest.
+# The library's whole suite: lint, types, every test but the tooling ones (the slow ones too: kernel builds,
+# trainings, torchrun, CLI subprocesses), the 30 slowest, and the docs site.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy
-	$(PY) -m pytest -q $(XDIST) --durations=30
+	$(PY) -m pytest -q $(XDIST) --durations=30 -m "not tooling"
 	$(MAKE) docs
+
+# The checks of the project's tooling rather than the library: the notebook, the browser test of `capsnet explore`,
+# the wheel build, the benchmark scripts, the GPU session script. CI (.ci/run) runs them after `make test`.
+test-tooling: $(STAMP)
+	$(PY) -m pytest -q $(XDIST) -m tooling
 
 # The docs site (site/): docs/ plus the README as its front page, the API reference from the docstrings
 # (mkdocstrings); --strict fails on a broken link or a missing reference.

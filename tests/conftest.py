@@ -36,7 +36,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 # The suite routes on the PyTorch path whatever the kernel cache holds; the kernel tests unset this and build the
-# kernels explicitly (the `routing_kernel` fixture; tests/test_routing_cpu.py, tests/test_inverted_attention_cpu.py).
+# kernels explicitly (the `routing_kernel` fixture; tests/test_routing_cpu.py, tests/test_inverted_attention_cpu.py),
+# as does tests/test_trainability.py for inverted-attention-capsnet.
 # Subprocesses inherit it. CAPSNET_NO_EXT=0 in the environment runs the whole suite with the kernels it finds built.
 os.environ.setdefault("CAPSNET_NO_EXT", "1")
 

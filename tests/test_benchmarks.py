@@ -11,7 +11,7 @@ from helpers import small_config
 from capsnet import CapsNet
 from capsnet.data import load_dataset
 
-pytestmark = pytest.mark.tooling  # the project's tooling: make test runs it, make check does not
+pytestmark = pytest.mark.tooling  # the project's tooling: `make test-tooling` and CI run it
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "routing_activity.py"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.tooling  # the project's tooling: make test runs it, make check does not
+pytestmark = pytest.mark.tooling  # the project's tooling: `make test-tooling` and CI run it
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 

@@ -13,7 +13,7 @@ from capsnet.inference import evaluate_checkpoint
 from capsnet.models.baseline import count_parameters
 from capsnet.training.checkpoint import read_summary
 
-pytestmark = pytest.mark.tooling  # the project's tooling: make test runs it, make check does not
+pytestmark = pytest.mark.tooling  # the project's tooling: `make test-tooling` and CI run it
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "mnist.ipynb"
 # Replaces the values of the notebook's "parameters" cell: a few seconds of training.
