@@ -31,9 +31,9 @@ def load(results: str | Path) -> dict[str, list[Row]]:
 def _pct(row: Row | None, *, affine: bool = False) -> str:
     if row is None:
         return "not measured yet"
-    if row.status != "done":
-        return f"{row.status} (`{row.command}`)" if row.command else row.status
     mean, std = (row.affine_acc_mean, row.affine_acc_std) if affine else (row.test_acc_mean, row.test_acc_std)
+    if mean is None and row.status != "done":  # e.g. "not run: ...", with the command that makes the row
+        return f"{row.status} (`{row.command}`)" if row.command else row.status
     if mean is None:
         return "not measured yet"
     seeds = len(row.seeds.split())
@@ -102,9 +102,9 @@ def accuracy_table(rows: list[Row]) -> str:
             str(r.epochs or "—"),
             str(r.batch_size or "—"),
             r.precision,
-            _pct(r),
+            _pct(r) if r.status == "done" else r.status if r.test_acc_mean is None else f"{_pct(r)}; {r.status}",
             r.test_acc or "—",
-            _pct(r, affine=True) if r.status == "done" else "—",
+            _pct(r, affine=True) if r.test_acc_mean is not None else "—",
             f"`{r.command}`",
         ]
         for r in rows

@@ -211,9 +211,13 @@ def run_zoo(args: argparse.Namespace) -> int:
     if not os.access(plan.results, os.W_OK):
         raise PermissionError(errno.EACCES, "Permission denied", str(plan.results))
     for row in zoo.run_zoo(plan):
+        if row.test_acc_mean is None:
+            print(f"{row.model}: {row.status}; on a GPU: {row.command}")
+            continue
         print(
             f"{row.model}: {row.test_acc_mean:.2f} ± {row.test_acc_std:.2f}% test ({row.test_acc}), affine "
             f"{row.affine_acc_mean:.2f}%, {row.epochs} epochs, {row.precision}"
+            + ("" if row.status == "done" else f" ({row.status})")
         )
     print(f"results: {plan.results / (plan.benchmark + '.csv')}")
     return 0

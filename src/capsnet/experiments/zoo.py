@@ -83,6 +83,14 @@ BENCHMARKS: dict[str, Benchmark] = {
 }
 PROTOCOL = "best/ on validation loss (stratified 10% of training), test scored once"
 
+# Full Fashion-MNIST on a CPU: 3 seeds for a model whose seed takes about an hour of the machine or less, 1 seed up
+# to ONE_SEED_HOURS, and none beyond (its row says "not run" and gives the GPU command). One seed's hours are
+# estimated from the model's training speed in results/cost.csv (benchmarks/zoo_cost.py) at the plan's precision.
+THREE_SEEDS_HOURS = 1.0
+ONE_SEED_HOURS = 4.0
+FASHION_TRAIN_IMAGES = 54_000  # 60,000 less the validation tenth
+INPUT: dict[str, int] = {"in_channels": 1, "image_size": 28, "n_classes": 10}  # both benchmarks' images and classes
+
 
 @dataclass
 class ZooPlan:
@@ -129,12 +137,36 @@ class ZooPlan:
             tensorboard=False,
         )
 
-    def command(self, model: str) -> str:
+    def command(self, model: str, seeds: int | None = None, *, device: str | None = None) -> str:
         first = f" --seed {self.seeds[0]}" if self.seeds[0] else ""
+        on = f" --device {device}" if device else ""
         return (
-            f"capsnet reproduce zoo --benchmark {self.benchmark} --model {model} --seeds {len(self.seeds)}{first} "
-            f"--precision {self.precision}"
+            f"capsnet reproduce zoo --benchmark {self.benchmark} --model {model} --seeds {seeds or len(self.seeds)}"
+            f"{first} --precision {self.precision}{on}"
         )
+
+    def seeds_for(self, model: str) -> tuple[list[int], str]:
+        """The seeds this plan trains for `model` and its row's status: every seed, "done", except for full
+        Fashion-MNIST on a CPU, where a model gets the seeds its estimated time allows (THREE_SEEDS_HOURS,
+        ONE_SEED_HOURS; all of them where results/cost.csv has no speed for it)."""
+        if self.benchmark != "fashion-mnist" or resolve_device(self.device).type != "cpu":
+            return self.seeds, "done"
+        hours = seed_hours(self.results, model, self.precision, self.epochs(model))
+        if hours is None or hours <= THREE_SEEDS_HOURS or (len(self.seeds) == 1 and hours <= ONE_SEED_HOURS):
+            return self.seeds, "done"
+        estimate = f"one seed ≈ {hours:.1f} h on this CPU (results/cost.csv)"
+        if hours <= ONE_SEED_HOURS:
+            return self.seeds[:1], f"1 seed: {estimate}"
+        return [], f"not run: {estimate}"
+
+
+def seed_hours(results: Path, model: str, precision: str, epochs: int) -> float | None:
+    """One seed's training on full Fashion-MNIST, in hours, at the training speed results/cost.csv measured for
+    (model, precision) on this project's CPU (evaluation not counted); None where it has no such row."""
+    path = results / "cost.csv"
+    rows = read_rows(path) if path.is_file() else []
+    speed = next((r.train_img_s for r in rows if (r.model, r.precision) == (model, precision) and r.train_img_s), None)
+    return None if speed is None else epochs * FASHION_TRAIN_IMAGES / speed / 3600
 
 
 def train_seed(plan: ZooPlan, model: str, seed: int) -> dict[str, Any]:
@@ -172,8 +204,8 @@ def _recorded(folder: Path) -> dict[str, Any]:
     return json.loads((folder / "config.json").read_text(encoding="utf-8"))
 
 
-def model_row(plan: ZooPlan, model: str, seeds: list[dict[str, Any]]) -> Row:
-    """The results row of one model's seeds."""
+def model_row(plan: ZooPlan, model: str, seeds: list[dict[str, Any]], numbers: list[int], status: str) -> Row:
+    """The results row of one model's seeds (`numbers`, their `seeds` results)."""
     record = seeds[0]["config"]
     train_cfg = record["train"]
     trained = load_pretrained(Path(train_cfg["out"]) / "best")
@@ -194,34 +226,61 @@ def model_row(plan: ZooPlan, model: str, seeds: list[dict[str, Any]]) -> Row:
         cpu=cpu_name(),
         torch=torch.__version__,
         commit=git_commit(),
-        command=plan.command(model),
+        command=plan.command(model, len(numbers)),
+        status=status,
     )
-    row = with_accuracies(row, plan.seeds, [100 * b["accuracy"] for b in best])
-    affine = with_accuracies(row, plan.seeds, [100 * s["affine"] for s in seeds])
+    row = with_accuracies(row, numbers, [100 * b["accuracy"] for b in best])
+    affine = with_accuracies(row, numbers, [100 * s["affine"] for s in seeds])
     return dataclasses.replace(row, affine_acc_mean=affine.test_acc_mean, affine_acc_std=affine.test_acc_std)
 
 
-def already_done(plan: ZooPlan, model: str) -> bool:
-    """Whether results/ holds this model's done row at this benchmark's budget and seeds."""
+def already_done(plan: ZooPlan, model: str, seeds: list[int]) -> bool:
+    """Whether results/ holds this model's trained row at this benchmark's budget and `seeds`."""
     path = plan.results / f"{plan.benchmark}.csv"
-    if not path.is_file():
+    if not path.is_file() or not seeds:
         return False
-    seeds = " ".join(map(str, plan.seeds))
-    wanted = (model, "defaults", plan.benchmark, plan.precision, seeds, plan.epochs(model), "done")
+    numbers = " ".join(map(str, seeds))
+    wanted = (model, "defaults", plan.benchmark, plan.precision, numbers, plan.epochs(model))
     return any(
-        (r.model, r.config, r.benchmark, r.precision, r.seeds, r.epochs, r.status) == wanted for r in read_rows(path)
+        (r.model, r.config, r.benchmark, r.precision, r.seeds, r.epochs) == wanted and r.test_acc_mean is not None
+        for r in read_rows(path)
+    )
+
+
+def not_run_row(plan: ZooPlan, model: str, status: str) -> Row:
+    """The row of a model this plan does not train: `status` says why; its command is the one for a GPU."""
+    return Row(
+        model=model,
+        params=sum(p.numel() for p in MODELS[model](**INPUT).parameters()),
+        benchmark=plan.benchmark,
+        protocol=PROTOCOL,
+        epochs=plan.epochs(model),
+        precision=plan.precision,
+        cpu=cpu_name(),
+        torch=torch.__version__,
+        commit=git_commit(),
+        command=plan.command(model, device="cuda"),
+        status=status,
     )
 
 
 def run_zoo(plan: ZooPlan) -> list[Row]:
-    """Every (model, seed) of `plan`; each model's row is written to results/BENCHMARK.csv as soon as it is done."""
+    """Every (model, seed) of `plan`; each model's row is written to results/BENCHMARK.csv as soon as it is done
+    (for a model whose seeds the CPU cannot take, `ZooPlan.seeds_for`, a row that says so, at once)."""
     rows = []
     for model in plan.models:
-        if already_done(plan, model):
+        numbers, status = plan.seeds_for(model)
+        if already_done(plan, model, numbers):
             print(f"== zoo {plan.benchmark}: {model} is in {plan.results}/{plan.benchmark}.csv already", flush=True)
             continue
-        seeds = [train_seed(plan, model, seed) for seed in plan.seeds]
-        row = model_row(plan, model, seeds)
+        if not numbers:
+            print(f"== zoo {plan.benchmark}: {model}: {status}", flush=True)
+            row = not_run_row(plan, model, status)
+        else:
+            if status != "done":
+                print(f"== zoo {plan.benchmark}: {model}: {status}", flush=True)
+            seeds = [train_seed(plan, model, seed) for seed in numbers]
+            row = model_row(plan, model, seeds, numbers, status)
         write_rows(plan.results / f"{plan.benchmark}.csv", [row])
         rows.append(row)
     return rows
