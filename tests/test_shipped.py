@@ -20,7 +20,7 @@ from capsnet.errors import CheckpointError, ConfigError
 from capsnet.models import hub
 from capsnet.models.pretrained import load_pretrained
 from capsnet.models.registry import MODELS
-from capsnet.tools.ship import choose_run, predictions, ship_card, ship_run
+from capsnet.tools.ship import choose_run, halve_shipped, predictions, ship_card, ship_run
 from capsnet.training.checkpoint import checkpoint_info
 from capsnet.training.evaluator import evaluate
 
@@ -136,6 +136,15 @@ def test_half_storage_ships_float16_weights_that_predict_every_image_as_the_floa
     a, b = load_pretrained(full), load_pretrained(half)
     assert next(b.parameters()).dtype == torch.float32  # loaded back as float32
     assert torch.equal(predictions(a, test), predictions(b, test))
+    # weights already shipped in float32, stored again as float16: the same files as shipping them so at once
+    name = full.parent.name
+    assert halve_shipped(name, "full", root=tmp_path / "weights") == full
+    assert hub.read_card(full) == card  # the same card, its storage record included
+    assert load_file(str(full / "model.safetensors")).keys() == load_file(str(half / "model.safetensors")).keys()
+    for key, value in load_file(str(full / "model.safetensors")).items():
+        assert torch.equal(value, load_file(str(half / "model.safetensors"))[key]), key
+    assert (full / "config.json").read_text() == (half / "config.json").read_text()
+    assert halve_shipped(name, "full", root=tmp_path / "weights") == full  # float16 already: left as it is
 
 
 def test_half_storage_is_refused_where_it_changes_a_prediction_or_a_weight_overflows(tmp_path, monkeypatch):

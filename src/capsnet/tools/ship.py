@@ -2,6 +2,7 @@
 RUN/best/, with a card that records how it was made and what it scores.
 
     python tools/ship_weights.py RUN --tag TAG      # -> src/capsnet/models/weights/<model>/<tag>/
+    python tools/ship_weights.py --halve MODEL:TAG  # store shipped weights again as float16 (the check below)
 
 The card's `command` is the `capsnet train` command that the run's config.json describes (every setting that differs
 from its default), `val_accuracy` and `epoch` the validation figure that chose best/, `test_accuracy` that
@@ -33,7 +34,7 @@ from ..data.idx import find_files
 from ..data.scaling import channel_stats
 from ..data.split import Split, stratified_holdout
 from ..errors import CheckpointError, ConfigError
-from ..models.hub import save_shipped
+from ..models.hub import read_card, save_shipped, weights_root
 from ..models.inputs import DATA_FIELDS
 from ..models.pretrained import WEIGHTS_NAME, load_pretrained
 from ..models.recipe import model_input
@@ -158,6 +159,20 @@ def ship_run(
     if half:
         card["storage"] = half_storage(model, card)
     return save_shipped(model, name=name, tag=tag, card=card, root=root, metadata=checkpoint_info(best))
+
+
+def halve_shipped(name: str, tag: str, *, root: str | os.PathLike | None = None) -> Path:
+    """Store the shipped weights NAME:TAG again as float16, under `half_storage`'s check (its card gains `storage`);
+    returns the folder. A folder already in float16 is left as it is."""
+    folder = Path(root if root is not None else weights_root()) / MODELS.canonical(name) / tag
+    card = read_card(folder)
+    if card is None:
+        raise CheckpointError(f"{folder}: no shipped weights with a card there")
+    if card.get("storage", {}).get("dtype") == "float16":
+        return folder
+    model = load_pretrained(folder)
+    card["storage"] = half_storage(model, card)
+    return save_shipped(model, name=name, tag=tag, card=card, root=root, metadata=checkpoint_info(folder))
 
 
 def half_storage(model: Any, card: dict[str, Any]) -> dict[str, Any]:
