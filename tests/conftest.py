@@ -17,8 +17,11 @@ if not torch.cuda.is_available():
     # it is imported (by torch._dynamo, on capsnet's import), so it is set here, before any test module imports.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # Under pytest-xdist (`make test`: --dist loadscope) a test module's tests go to one worker, so that its module
-# fixtures are built once; the tests of the modules in SPREAD (long tests, cheap fixtures) each go where there is room.
-SPREAD = {"test_trainability.py", "test_input_contract.py"}
+# fixtures are built once; the tests of the modules in SPREAD (long tests, cheap fixtures) each go where there is room,
+# and those of the modules in BY_PARAM go by their parameters' id (test_export.py: a model's ONNX and .pt2 tests share
+# its traced program, and each model goes where there is room).
+SPREAD = {"test_trainability.py", "test_input_contract.py", "test_shipped.py"}
+BY_PARAM = {"test_export.py"}
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -28,11 +31,15 @@ def pytest_xdist_make_scheduler(config, log):
 
     class SpreadScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in SPREAD:
+            module = nodeid.split("::", 1)[0]
+            if module.rsplit("/", 1)[-1] in SPREAD:
                 return nodeid  # a scope of its own
+            if module.rsplit("/", 1)[-1] in BY_PARAM and nodeid.endswith("]"):
+                return module + "[" + nodeid.split("[", 1)[1]  # the module's tests of these parameters
             return super()._split_scope(nodeid)
 
     return SpreadScheduling(config, log)
+
 
 
 # The suite routes on the PyTorch path whatever the kernel cache holds; the kernel tests unset this and build the
