@@ -41,7 +41,6 @@ def pytest_xdist_make_scheduler(config, log):
     return SpreadScheduling(config, log)
 
 
-
 # The suite routes on the PyTorch path whatever the kernel cache holds; the kernel tests unset this and build the
 # kernels explicitly (the `routing_kernel` fixture; tests/test_routing_cpu.py, tests/test_inverted_attention_cpu.py),
 # as does tests/test_trainability.py for inverted-attention-capsnet.
