@@ -76,3 +76,15 @@ def test_the_readme_and_docs_tables_agree_with_the_results_data():
     done = subprocess.run([sys.executable, str(root / "tools" / "render_results.py"), "--check"], cwd=root,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+def test_a_benchmark_table_lists_every_model_without_a_row_with_its_command():
+    """docs/results.md's accuracy tables: a measured row, then one "not measured yet" line per model that has no
+    row, with its budget and the command that makes it; a measured model is not listed twice."""
+    from capsnet.results_tables import accuracy_table
+
+    row = with_accuracies(Row(model="capsnet", benchmark="sample", epochs=10, precision="bf16"), [0, 1], [98.0, 99.0])
+    table = accuracy_table([row], [("capsnet", 8, 10, "cmd a"), ("baseline", 35_445_522, 10, "cmd b")])
+    lines = table.splitlines()[2:]
+    assert len(lines) == 2 and lines[0].startswith("| `capsnet` |")
+    assert lines[1] == "| `baseline` | 35,445,522 | 10 | — | — | not measured yet | — | — | `cmd b` |"

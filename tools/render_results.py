@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from capsnet.experiments.zoo import ZooPlan
 from capsnet.models.hub import shipped_tags
 from capsnet.models.registry import MODELS
 from capsnet.results_tables import fill, load, render_all
@@ -18,9 +19,15 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("README.md", "docs/results.md")
 
 
+def _plan(benchmark: str, model: str) -> tuple[int, str]:
+    """A model's epoch budget on `benchmark` and the command that makes its row (3 seeds, bf16 on a CPU)."""
+    plan = ZooPlan(benchmark, [model], [0, 1, 2], out=Path("runs"), precision="bf16", device="cpu")
+    return plan.epochs(model), plan.command(model)
+
+
 def rendered(root: Path = ROOT) -> dict[Path, tuple[str, str]]:
     """Each target file: (its text, its text with the tables made from root/results)."""
-    tables = render_all(load(root / "results"), list(MODELS), shipped_tags, lambda name: MODELS[name].paper)
+    tables = render_all(load(root / "results"), list(MODELS), shipped_tags, lambda name: MODELS[name].paper, _plan)
     out = {}
     for name in TARGETS:
         path = root / name

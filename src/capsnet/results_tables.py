@@ -93,8 +93,10 @@ def models_table(
     return _table(header, lines, "llrlrrrr")
 
 
-def accuracy_table(rows: list[Row]) -> str:
-    """docs/results.md: a benchmark's rows with their seeds, budget, precision and command."""
+def accuracy_table(rows: list[Row], pending: Iterable[tuple[str, int | None, int, str]] = ()) -> str:
+    """docs/results.md: a benchmark's rows with their seeds, budget, precision and command, then a "not measured
+    yet" line for each (model, parameters, epochs, command) in `pending` that has no row."""
+    measured = {r.model for r in rows}
     lines = [
         [
             f"`{r.model}`" + ("" if r.config == "defaults" else f" {r.config}"),
@@ -108,6 +110,21 @@ def accuracy_table(rows: list[Row]) -> str:
             f"`{r.command}`",
         ]
         for r in rows
+    ]
+    lines += [
+        [
+            f"`{m}`",
+            f"{params:,}" if params else "—",
+            str(epochs),
+            "—",
+            "—",
+            "not measured yet",
+            "—",
+            "—",
+            f"`{command}`",
+        ]
+        for m, params, epochs, command in pending
+        if m not in measured
     ]
     header = [
         "model",
@@ -162,13 +179,24 @@ def trainability_table(rows: list[Row]) -> str:
 
 
 def render_all(
-    data: dict[str, list[Row]], models: list[str], shipped: Callable[[str], list[str]], paper: Callable[[str], str]
+    data: dict[str, list[Row]],
+    models: list[str],
+    shipped: Callable[[str], list[str]],
+    paper: Callable[[str], str],
+    plan: Callable[[str, str], tuple[int, str]] | None = None,
 ) -> dict[str, str]:
-    """Every table by its marker name."""
+    """Every table by its marker name; `plan(benchmark, model)` gives the epochs and command of a model that has no
+    row yet on that benchmark (listed as not measured)."""
+
+    params = {r.model: r.params for rows in data.values() for r in rows if r.params}
+
+    def pending(benchmark: str) -> list[tuple[str, int | None, int, str]]:
+        return [(m, params.get(m), *plan(benchmark, m)) for m in models] if plan else []
+
     return {
         "models": models_table(data, models, shipped, paper),
-        "sample": accuracy_table(data["sample"]),
-        "fashion-mnist": accuracy_table(data["fashion-mnist"]),
+        "sample": accuracy_table(data["sample"], pending("sample")),
+        "fashion-mnist": accuracy_table(data["fashion-mnist"], pending("fashion-mnist")),
         "cost": cost_table(data["cost"]),
         "trainability": trainability_table(data["trainability"]),
     }
