@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from capsnet.experiments.zoo import ZooPlan
-from capsnet.models.hub import shipped_tags
+from capsnet.models.hub import NOT_SHIPPED, shipped_tags
 from capsnet.models.registry import MODELS
 from capsnet.results_tables import fill, load, render_all
 
@@ -27,7 +27,9 @@ def _plan(benchmark: str, model: str) -> tuple[int, str]:
 
 def rendered(root: Path = ROOT) -> dict[Path, tuple[str, str]]:
     """Each target file: (its text, its text with the tables made from root/results)."""
-    tables = render_all(load(root / "results"), list(MODELS), shipped_tags, lambda name: MODELS[name].paper, _plan)
+    tables = render_all(
+        load(root / "results"), list(MODELS), shipped_tags, lambda name: MODELS[name].paper, _plan, NOT_SHIPPED
+    )
     out = {}
     for name in TARGETS:
         path = root / name

@@ -60,9 +60,13 @@ def _table(header: list[str], rows: list[list[str]], align: str) -> str:
 
 
 def models_table(
-    data: dict[str, list[Row]], models: list[str], shipped: Callable[[str], list[str]], paper: Callable[[str], str]
+    data: dict[str, list[Row]],
+    models: list[str],
+    shipped: Callable[[str], list[str]],
+    paper: Callable[[str], str],
+    not_shipped: dict[str, str] | None = None,
 ) -> str:
-    """The README's table: one line per registered model."""
+    """The README's table: one line per registered model; `not_shipped` says why a model ships no weights."""
     sample, fashion, cost = _by_model(data["sample"]), _by_model(data["fashion-mnist"]), _by_model(data["cost"])
     lines = []
     for name in models:
@@ -73,7 +77,7 @@ def models_table(
                 f"`{name}`",
                 paper(name),
                 f"{params:,}" if params else "—",
-                ", ".join(f"`{t}`" for t in shipped(name)) or "—",
+                ", ".join(f"`{t}`" for t in shipped(name)) or f"none: {(not_shipped or {}).get(name, '—')}",
                 _pct(s),
                 _pct(s, affine=True),
                 _pct(f),
@@ -184,6 +188,7 @@ def render_all(
     shipped: Callable[[str], list[str]],
     paper: Callable[[str], str],
     plan: Callable[[str, str], tuple[int, str]] | None = None,
+    not_shipped: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Every table by its marker name; `plan(benchmark, model)` gives the epochs and command of a model that has no
     row yet on that benchmark (listed as not measured)."""
@@ -194,7 +199,7 @@ def render_all(
         return [(m, params.get(m), *plan(benchmark, m)) for m in models] if plan else []
 
     return {
-        "models": models_table(data, models, shipped, paper),
+        "models": models_table(data, models, shipped, paper, not_shipped),
         "sample": accuracy_table(data["sample"], pending("sample")),
         "fashion-mnist": accuracy_table(data["fashion-mnist"], pending("fashion-mnist")),
         "cost": cost_table(data["cost"]),

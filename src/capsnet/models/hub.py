@@ -68,6 +68,15 @@ def shipped_tags(name: str) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if (p / "config.json").is_file())
 
 
+# Registered models that ship no `mnist-sample` weights, and why (the README's model table prints it).
+# docs/results.md gives the commands that make them.
+NOT_SHIPPED: dict[str, str] = {
+    "baseline": "35.4 M parameters, 71 MB in float16: more than the wheel holds",
+    "deepcaps": "17 MB in float16 would take the shipped weights past their 45 MiB budget",
+    "heinsen-capsnet": "17.8% after its one-epoch sample budget",
+}
+
+
 def shipped_folder(name: str, tag: str) -> Path:
     """The folder of model `name`'s weights `tag`; ConfigError naming the shipped tags otherwise."""
     if tag not in shipped_tags(name):
