@@ -16,6 +16,7 @@ from capsnet.data.imageaug import (
     AugmentSpec,
     center_crop,
     random_brightness,
+    random_colour,
     random_contrast,
     random_crop,
     random_flip,
@@ -232,6 +233,26 @@ def test_rotate_and_zoom_augmentation():
     for bad in ("rotate=-5", "zoom=1.2:1.1", "zoom=0:1", "rotate=x"):
         with pytest.raises(ConfigError):
             AugmentSpec.parse(bad)
+
+
+def test_colour_augmentation_permutes_each_images_channels_and_inverts_about_half():
+    x = torch.rand(64, 3, 5, 6)
+    out = random_colour(x, generator=gen(4))
+    assert torch.equal(out, random_colour(x, generator=gen(4))) and out.shape == x.shape
+    orders, inverted = set(), 0
+    for i in range(64):  # each image is its own channels in some order, or their inverses (1 - x)
+        flag = int(not any(torch.equal(out[i, 0], x[i, c]) for c in range(3)))
+        image = 1 - out[i] if flag else out[i]
+        order = tuple(next(c for c in range(3) if torch.equal(image[k], x[i, c])) for k in range(3))
+        assert sorted(order) == [0, 1, 2], (i, order)
+        orders.add(order)
+        inverted += flag
+    assert len(orders) == 6  # all six orders of three channels among 64 images
+    assert 16 <= inverted <= 48  # about half: Binomial(64, 1/2) is 32 ± 4
+    spec = AugmentSpec.parse("shift=2,colour")
+    assert spec.colour and str(spec) == "shift=2,colour" and AugmentSpec.parse(str(spec)) == spec
+    with pytest.raises(ConfigError, match="colour"):
+        AugmentSpec(colour=True, channel_standardize=True)
 
 
 # ------------------------------------------------------------------------------------------------ training

@@ -59,6 +59,16 @@ def random_flip(x: torch.Tensor, *, generator: torch.Generator | None = None) ->
     return torch.where(flip[:, None, None, None], x.flip(-1), x)
 
 
+def random_colour(x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Each image's channels in a random order of their own, then inverted (1 − x) with probability 1/2: colours
+    change and the shapes stay. x [B, C, H, W] in [0, 1]."""
+    b, c = x.shape[:2]
+    order = _draw((b, c), generator, x.device).argsort(dim=1)  # a random permutation per image  [B, C]
+    x = x.gather(1, order[:, :, None, None].expand_as(x))
+    invert = _draw((b,), generator, x.device) < 0.5
+    return torch.where(invert[:, None, None, None], 1 - x, x)
+
+
 def random_brightness(x: torch.Tensor, max_delta: float, *, generator: torch.Generator | None = None) -> torch.Tensor:
     """Add one delta per image drawn from [-max_delta, max_delta] (tf.image.random_brightness); 0: identity."""
     if max_delta == 0:
@@ -104,6 +114,8 @@ class AugmentSpec:
     zero_fill: bool = False  # shifts filled with zeros instead (the paper's words; the same on MNIST)
     crop: tuple[int, int] | None = None  # random crop to H×W in training, centre crop at test
     flip: bool = False  # random left-right mirror (never for digits)
+    # random channel order and inversion, for sets whose classes are shapes in any colours (not the paper's)
+    colour: bool = False
     brightness: float = 0.0  # max |delta|, in units of the [0, 1] range
     contrast: tuple[float, float] = (1.0, 1.0)  # range of the contrast factor
     standardize: bool = False  # per-image standardization (done by the model: its config records it)
@@ -129,6 +141,8 @@ class AugmentSpec:
         lo, hi = self.contrast
         if self.shift < 0 or self.brightness < 0 or not 0 <= lo <= hi:
             raise ConfigError(f"augmentation {self}: need shift >= 0, brightness >= 0 and 0 <= contrast lo <= hi")
+        if self.colour and self.channel_standardize:
+            raise ConfigError(f"augmentation {self}: colour inverts [0, 1] images, not with channel-standardize")
         if self.crop is not None and min(self.crop) < 1:
             raise ConfigError(f"augmentation crop must be positive, got {self.crop}")
         if not self.divisor > 0:
@@ -155,6 +169,8 @@ class AugmentSpec:
             x = random_shift(x, self.shift, generator=generator, fill="zero" if self.zero_fill else "border")
         if self.flip:
             x = random_flip(x, generator=generator)
+        if self.colour:
+            x = random_colour(x, generator=generator)
         if self.brightness or self.contrast != (1.0, 1.0):
             x = random_brightness(x, self.brightness, generator=generator)
             x = random_contrast(x, *self.contrast, generator=generator).clamp_(lo, hi)
@@ -189,6 +205,8 @@ class AugmentSpec:
             parts.append("zero-fill")
         if self.flip:
             parts.append("flip")
+        if self.colour:
+            parts.append("colour")
         if self.brightness:
             parts.append(f"brightness={self.brightness:.6g}")
         if self.contrast != (1.0, 1.0):
@@ -203,7 +221,7 @@ class AugmentSpec:
 
     @classmethod
     def parse(cls, text: str) -> AugmentSpec:
-        """The inverse of str(): "none", or a comma list of shift=N, zero-fill, crop=H[xW], flip, brightness=D,
+        """The inverse of str(): "none", or a comma list of shift=N, zero-fill, crop=H[xW], flip, colour, brightness=D,
         contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, divisor=D, channel-standardize, and Byerly et al.'s
         hvc (= hvc-rotate=30, hvc-shift, hvc-squish=7, hvc-erase=4)."""
         spec: dict = {}
@@ -214,7 +232,10 @@ class AugmentSpec:
                     continue
                 if item == "hvc":
                     spec.update({f"hvc_{k}": v for k, v in hvc_augment.PAPER.items()})
-                elif key in ("flip", "standardize", "channel-standardize", "hvc-shift", "zero-fill") and not value:
+                elif (
+                    key in ("flip", "colour", "standardize", "channel-standardize", "hvc-shift", "zero-fill")
+                    and not value
+                ):
                     spec[key.replace("-", "_")] = True
                 elif key in ("hvc-squish", "hvc-erase"):
                     spec[key.replace("-", "_")] = int(value)
@@ -240,7 +261,7 @@ class AugmentSpec:
                 raise ConfigError(
                     f"augmentation {text!r}: cannot read {item!r}; use none or a comma list of shift=N, zero-fill, "
                     "crop=H[xW], "
-                    "flip, brightness=D, contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, divisor=D, "
+                    "flip, colour, brightness=D, contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, divisor=D, "
                     "channel-standardize, hvc (or hvc-rotate=DEG, hvc-shift, hvc-squish=N, hvc-erase=N)"
                 ) from None
         return cls(**spec)

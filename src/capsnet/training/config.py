@@ -149,9 +149,9 @@ class TrainConfig(LoopConfig):
         default="auto",
         metadata={
             "help": "training augmentation: auto (the model recipe's where it has one, else the data set's default "
-            "shown by `capsnet data info`), none, "
-            "or a comma list of shift=N, crop=H[xW], flip, brightness=D, contrast=LO:HI, rotate=DEG, zoom=LO:HI, "
-            "standardize, hvc (Byerly et al.'s; hvc-capsnet's default on MNIST-format sets)"
+            "shown by `capsnet data info`), none, or a comma list of shift=N, crop=H[xW], flip, colour, "
+            "brightness=D, contrast=LO:HI, rotate=DEG, zoom=LO:HI, standardize, hvc (Byerly et al.'s; "
+            "hvc-capsnet's default on MNIST-format sets)"
         },
     )
     image_size: str | None = field(
