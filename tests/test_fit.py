@@ -180,11 +180,11 @@ class Centred(Tiny):
 
 def test_init_from_data_sees_the_first_batch_once_and_never_on_resume(tmp_path):
     model, data = Centred(), Stripes(100)
-    kw = dict(epochs=1, out=tmp_path / "run", batch_size=16, precision="bf16", **QUIET)
+    kw = dict(epochs=1, epoch_repeats=2, out=tmp_path / "run", batch_size=16, precision="bf16", **QUIET)
     capsnet.fit(model, data, **kw)
     (first,) = model.calls  # rank 0's first batch of epoch 0 (of the 90 examples left after the hold-out)
     kept = LoaderTask(data).source.data  # (the same seeded hold-out)
-    order = list(SeededSampler(len(kept), seed=0))[:16]
+    order = list(SeededSampler(len(kept), seed=0, repeats=2))[:16]
     assert torch.equal(first, torch.stack([kept[i][0] for i in order]))
     again = Centred()
     capsnet.fit(again, data, resume=True, **{**kw, "epochs": 2})
@@ -196,12 +196,13 @@ def test_a_resumed_fit_on_a_dataset_equals_the_uninterrupted_run_bit_for_bit(tmp
     """Stopped mid-epoch and resumed, the run skips the batches done (SeededSampler) without drawing random
     numbers, and ends with the uninterrupted run's weights, summary and test figures (CPU: deterministic), with
     dropout and a Dataset that adds fresh noise on every read (torch's global random state, restored)."""
-    kw = dict(test_data=Stripes(40, seed=1), epochs=2, batch_size=16, lr=1e-2, **QUIET)
+    kw = dict(test_data=Stripes(40, seed=1), epochs=2, epoch_repeats=2, batch_size=16, lr=1e-2, **QUIET)
     capsnet.fit(_tiny(), Stripes(100, noisy=True), out=tmp_path / "whole", **kw)
     stopped = capsnet.fit(_tiny(), Stripes(100, noisy=True), out=tmp_path / "parts", on_step=lambda s: s == 8, **kw)
-    assert stopped.interrupted and stopped.epochs_done == 1
+    assert stopped.interrupted and stopped.epochs_done == 0
     state = load_state(tmp_path / "parts")
-    assert (state["epoch"], state["batch_in_epoch"], state["step"]) == (1, 2, 8)  # 6 steps an epoch: mid-epoch 2
+    # 90 examples at 16 are 6 steps a pass and 12 an epoch of two passes: stopped in the first epoch's second pass
+    assert (state["epoch"], state["batch_in_epoch"], state["step"]) == (0, 8, 8)
     with pytest.raises(ConfigError, match="already holds a run; pass resume=True"):
         capsnet.fit(_tiny(), Stripes(100, noisy=True), out=tmp_path / "parts", **kw)
     resumed = capsnet.fit(_tiny(seed=5), Stripes(100, noisy=True), out=tmp_path / "parts", resume=True, **kw)
@@ -452,7 +453,9 @@ def test_the_readmes_fit_example_runs_as_written(tmp_path, monkeypatch, capsys):
     code = _readme_fit_example()
     assert code.count("epochs=10") == 1
     monkeypatch.chdir(tmp_path)
-    exec(compile(code.replace("epochs=10", "epochs=1"), "README.md", "exec"), {"__name__": "readme"})
+    # one epoch of one pass (its 27 training images would otherwise repeat to 200 steps: MIN_EPOCH_STEPS)
+    short = code.replace("epochs=10", "epochs=1, epoch_repeats=1")
+    exec(compile(short, "README.md", "exec"), {"__name__": "readme"})
     assert (tmp_path / "runs" / "shapes" / "test.json").is_file()
     report = json.loads((tmp_path / "runs" / "shapes" / "test.json").read_text())
     assert report["selected_on"] == "val_loss" and report["best"]["n"] == 10

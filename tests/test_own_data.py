@@ -1,9 +1,10 @@
 """A user's own data trains out of the box: the learning rate each model takes for its size, the line that says a
 run is stuck (capsnet train, capsnet.fit, capsnet explore's note), and `fit` on a Dataset as it comes (its class
-names, starting afresh)."""
+names, starting afresh, and an epoch of a small set long enough to learn in)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -14,12 +15,14 @@ from torch import nn
 import capsnet
 from capsnet.configs.capsnet import CapsNetConfig
 from capsnet.configs.deepcaps import DeepCapsConfig
+from capsnet.data.batching import _epoch_seed, epoch_indices, num_batches
 from capsnet.errors import ConfigError, RunFolderError
 from capsnet.models.capsnet import CapsNet
 from capsnet.models.deepcaps import DeepCaps
 from capsnet.models.efficient_capsnet import EfficientCapsNet
 from capsnet.routing.dynamic import coherent_vote_lr
-from capsnet.training.checkpoint import read_summary
+from capsnet.training.checkpoint import load_state, read_summary
+from capsnet.training.config import MIN_EPOCH_STEPS, resolve_epoch_repeats
 from capsnet.training.distributed import DistInfo
 from capsnet.training.evaluator import evaluate_batches
 from capsnet.training.stuck import run_stuck_line
@@ -195,3 +198,64 @@ def test_the_note_says_default_only_of_what_the_user_left_unset(tmp_path, capsys
                 **{**QUIET, "progress": True})  # fmt: skip
     out = capsys.readouterr().out
     assert "default" not in out
+
+
+# ------------------------------------------------------------------------------------------ a small set's epoch
+@pytest.mark.parametrize("repeats", [1, 3])
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_an_epoch_of_repeats_visits_every_example_as_often_and_one_pass_is_the_plain_permutation(repeats, world_size):
+    n, seed = 10, 4
+    shards = [epoch_indices(n, shuffle=True, seed=seed, epoch=2, rank=r, world_size=world_size, repeats=repeats)
+              for r in range(world_size)]  # fmt: skip
+    seen = torch.cat(shards)
+    assert len(seen) == n * repeats and torch.bincount(seen, minlength=n).tolist() == [repeats] * n
+    if repeats == 1 and world_size == 1:  # the order every run made before repeats existed
+        g = torch.Generator().manual_seed(_epoch_seed(seed, 2))
+        assert torch.equal(seen, torch.randperm(n, generator=g))
+    assert num_batches(n * repeats, batch_size=4, world_size=world_size) == -(-len(shards[0]) // 4)
+
+
+def test_unset_repeats_lengthen_only_a_small_epoch_of_ones_own_data():
+    assert resolve_epoch_repeats(None, steps=17, own_data=True) == 12  # 270 images at 16: 204 steps
+    assert resolve_epoch_repeats(None, steps=MIN_EPOCH_STEPS, own_data=True) == 1
+    assert resolve_epoch_repeats(None, steps=45, own_data=False) == 1  # a recorded recipe's set: as it is
+    assert resolve_epoch_repeats(2, steps=17, own_data=True) == 2  # given: as given
+    assert resolve_epoch_repeats(2, steps=500, own_data=False) == 2
+
+
+def test_a_folder_run_records_its_repeats_says_so_once_and_resumes_with_them(tmp_path, capsys):
+    from helpers import small_config
+
+    from capsnet.cli import main
+    from capsnet.data.synthetic import make_case, write_folder
+    from capsnet.training.api import train
+    from capsnet.training.config import TrainConfig
+
+    folder = write_folder(make_case("two-shapes", n_per_class=20, n_test_per_class=4, seed=0), tmp_path / "shapes")
+    run = tmp_path / "run"
+    config = TrainConfig(dataset=str(folder), epochs=1, batch_size=12, out=str(run), **QUIET)
+    train(config, small_config(kernel_size=5))
+    out = capsys.readouterr().out
+    # 36 training images (4 held out) at 12 are 3 steps a pass: 67 passes make 201 steps
+    assert out.count("epoch: 67 passes over the training images, 201 steps") == 1 and "--epoch-repeats" in out
+    meta = json.loads((run / "config.json").read_text())["train"]
+    assert meta["epoch_repeats"] == 67 and load_state(run)["step"] == 201
+    assert main(["train", "--out", str(run), "--resume", "--epochs", "2", "--no-progress"]) == 0
+    assert "passes over" not in capsys.readouterr().out  # (the run's own, recorded: nothing chosen)
+    assert load_state(run)["step"] == 402
+
+
+def test_the_sample_keeps_one_pass_and_an_iterable_cannot_repeat(tmp_path, capsys):
+    from helpers import small_config
+
+    from capsnet.training.api import train
+    from capsnet.training.config import TrainConfig
+
+    config = TrainConfig(dataset="mnist-sample", epochs=1, train_subset=64, batch_size=32, out=str(tmp_path / "run"))
+    train(dataclasses.replace(config, **QUIET), small_config(kernel_size=5))
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["epoch_repeats"] == 1
+    assert "passes over" not in capsys.readouterr().out
+    batches = [(torch.rand(6, 1, 28, 28), torch.arange(6) % 3)]
+    with pytest.raises(ConfigError, match="epoch_repeats 2: this training data cannot repeat within an epoch"):
+        capsnet.fit(_tiny_capsnet(), batches, epochs=1, epoch_repeats=2, out=tmp_path / "it", **QUIET)
+    assert not (tmp_path / "it").exists()

@@ -100,8 +100,8 @@ def test_may_change_is_the_documented_list():
 def test_the_python_api_resumes_mid_epoch_with_the_runs_batch_size(tmp_path, rgb):
     """Stopped mid-epoch and resumed by capsnet.training.resume (no batch size given): the run's own batch size, so
     the done batches are skipped exactly, and the run ends as the uninterrupted one."""
-    common = dict(dataset=str(rgb), batch_size=8, epochs=2, progress=False, tensorboard=False, device="cpu",
-                  train_subset=40)  # fmt: skip
+    common = dict(dataset=str(rgb), batch_size=8, epochs=2, epoch_repeats=1, progress=False, tensorboard=False,
+                  device="cpu", train_subset=40)  # fmt: skip
     from helpers import small_config
 
     model = small_config(kernel_size=5)

@@ -47,7 +47,8 @@ def _train(out: Path, rgb: Path, *extra: str) -> int:
 
 
 def _config(out: Path, rgb: Path, **kw) -> TrainConfig:
-    common = dict(dataset=str(rgb), batch_size=8, epochs=1, device="cpu", progress=False, tensorboard=False)
+    common = dict(dataset=str(rgb), batch_size=8, epochs=1, epoch_repeats=1, device="cpu", progress=False)
+    common["tensorboard"] = False
     return TrainConfig(out=str(out), **{**common, **kw})
 
 

@@ -112,8 +112,8 @@ def _ema_rows(run: Path) -> list[dict]:
 
 
 def test_a_run_stopped_mid_epoch_resumes_with_the_same_average_bit_for_bit(tmp_path, rgb):
-    common = dict(dataset=str(rgb), batch_size=8, epochs=2, progress=False, tensorboard=False, device="cpu",
-                  val_fraction=0.25, ema=0.9, monitor="val_accuracy,val_loss")  # fmt: skip
+    common = dict(dataset=str(rgb), batch_size=8, epochs=2, epoch_repeats=1, progress=False, tensorboard=False,
+                  device="cpu", val_fraction=0.25, ema=0.9, monitor="val_accuracy,val_loss")  # fmt: skip
     model = small_config(kernel_size=5)
     whole = train(TrainConfig(out=str(tmp_path / "whole"), **common), model)
     stopped = train(TrainConfig(out=str(tmp_path / "parts"), **common), model, on_step=lambda step: step == 8)
@@ -158,7 +158,8 @@ def test_fit_keeps_the_average_and_resumes_it(tmp_path):
     data = torch.utils.data.TensorDataset(torch.rand(48, 1, 16, 16), torch.arange(48) % 3)
     make = lambda: capsnet.create_model("capsnet", **{**small_config(kernel_size=5).__dict__, "image_size": 16,  # noqa: E731
                                                       "n_classes": 3})  # fmt: skip
-    kwargs = dict(epochs=2, batch_size=8, ema=0.8, progress=False, tensorboard=False, device="cpu", seed=1)
+    kwargs = dict(epochs=2, epoch_repeats=1, batch_size=8, ema=0.8, progress=False, tensorboard=False, seed=1)
+    kwargs["device"] = "cpu"
     torch.manual_seed(0)
     capsnet.fit(make(), data, out=tmp_path / "whole", **kwargs)
     torch.manual_seed(0)

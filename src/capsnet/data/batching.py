@@ -38,12 +38,16 @@ def shard_indices(order: torch.Tensor, *, rank: int, world_size: int, drop_last:
     return order[rank::world_size]
 
 
-def _shard(n: int, *, shuffle: bool, seed: int, epoch: int, rank: int, world_size: int, drop_last: bool):
+def _shard(
+    n: int, *, shuffle: bool, seed: int, epoch: int, rank: int, world_size: int, drop_last: bool, repeats: int = 1
+):
+    # `repeats` passes in one epoch: every example `repeats` times, in one permutation of n × repeats slots (the
+    # same order as before for 1: randperm(n) % n is randperm(n)).
     if shuffle:
         g = torch.Generator().manual_seed(_epoch_seed(seed, epoch))
-        order = torch.randperm(n, generator=g)
+        order = torch.randperm(n * repeats, generator=g) % n
     else:
-        order = torch.arange(n)
+        order = torch.arange(n).repeat(repeats)
     return shard_indices(order, rank=rank, world_size=world_size, drop_last=drop_last)
 
 
@@ -56,9 +60,12 @@ def epoch_indices(
     rank: int = 0,
     world_size: int = 1,
     drop_last: bool = False,
+    repeats: int = 1,
 ) -> torch.Tensor:
-    """This rank's example indices for `epoch`, in the order `iterate_batches` visits them (on the CPU)."""
-    return _shard(n, shuffle=shuffle, seed=seed, epoch=epoch, rank=rank, world_size=world_size, drop_last=drop_last)
+    """This rank's example indices for `epoch`, in the order `iterate_batches` visits them (on the CPU); with
+    `repeats`, an epoch of that many passes over the n examples (each example `repeats` times)."""
+    shard = {"rank": rank, "world_size": world_size, "repeats": repeats}
+    return _shard(n, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last, **shard)
 
 
 def iterate_batches(
@@ -71,21 +78,22 @@ def iterate_batches(
     rank: int = 0,
     world_size: int = 1,
     drop_last: bool = False,
+    repeats: int = 1,
     device: str | torch.device = "cpu",
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield (images float32 [B, C, H, W] in [0, 1], labels int64 [B]) on `device`.
 
     The order is a permutation seeded by (seed, epoch): the same on every rank and every run, new
     each epoch. Rank r takes every world_size-th example; the end wraps so all ranks yield
-    `num_batches(...)` batches (with drop_last, the remainder is dropped instead).
+    `num_batches(...)` batches (with drop_last, the remainder is dropped instead). `repeats`: passes over the
+    split in one epoch (`num_batches` of len(split) × repeats examples).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    idx = _shard(
-        len(split), rank=rank, world_size=world_size, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last
-    )
+    shard = {"rank": rank, "world_size": world_size, "repeats": repeats}
+    idx = _shard(len(split), shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last, **shard)
     return _batches(split, idx, batch_size=batch_size, drop_last=drop_last, device=torch.device(device))
 
 

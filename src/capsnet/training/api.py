@@ -108,6 +108,7 @@ def fit(
     *,
     epochs: int,
     out: str | os.PathLike,
+    epoch_repeats: int | None = None,
     val_data: Any = None,
     test_data: Any = None,
     val_fraction: float = 0.1,
@@ -137,8 +138,11 @@ def fit(
     The model is trained in place (it ends with the last epoch's weights; `out/best/` holds the chosen ones).
     `val_data` chooses best/; without it a Dataset gives a seeded, stratified `val_fraction` of its examples
     (`val_seed`), and an iterable gives none (best/ is then chosen on `test_data`, or on the training loss).
-    `test_data` is scored once, at the end, on best/ and last/ (test.json). `batch_size` (per process; default 16
-    on CPU, 128 on CUDA) and `workers` (DataLoader processes) apply to a Dataset; an iterable batches for itself.
+    `test_data` is scored once, at the end, on best/ and last/ (test.json). `epoch_repeats`: passes over a Dataset in
+    one epoch; unset, the fewest that make an epoch at least 200 steps (capsnet.training.config.MIN_EPOCH_STEPS: a
+    small set's epochs are otherwise too few steps for the per-epoch learning-rate decay). `batch_size` (per
+    process; default 16 on CPU, 128 on CUDA) and `workers` (DataLoader processes) apply to a Dataset; an iterable
+    batches for itself.
     `lr` defaults to the model's (1e-3 for a module of one's own); the learning rate decays each epoch by `lr_decay`,
     or down to lr × `lr_end` in the last epoch; with neither, by the model's `default_lr_decay` where it has one,
     else to lr × 0.25. Giving both is a ConfigError. `monitor` chooses best/ (capsnet.training.selection: "val_loss",
@@ -172,6 +176,7 @@ def fit(
     cls = type(model)
     config = FitConfig(
         epochs=epochs,
+        epoch_repeats=epoch_repeats,
         out=str(out),
         model=model_name(model),
         batch_size=batch_size,

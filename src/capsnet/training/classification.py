@@ -21,6 +21,10 @@ from .evaluator import evaluate
 from .recipes import model_recipes, recipe_image_size
 from .tasks import Batch, Task
 
+# The formats of a user's own data (an image folder, a .npz): no recorded recipe sized their epochs, so an unset
+# epoch_repeats lengthens a small one's epochs (capsnet.training.config.MIN_EPOCH_STEPS).
+OWN_FORMATS = ("folder", "npz")
+
 
 def subset(split: Split, n: int | None) -> Split:
     return split if n is None else Split(split.images[:n], split.labels[:n])
@@ -45,6 +49,7 @@ class ClassificationTask(Task):
     shifted-in pixels take the image's border colour, 0 on MNIST: capsnet.data.augment.random_shift)."""
 
     name = "classification"
+    repeatable = True
 
     def __init__(
         self,
@@ -117,6 +122,7 @@ class ClassificationTask(Task):
             digits=data.digits,
         )
         task.recorded["validation"] = recorded
+        task.own_data = data.kind in OWN_FORMATS
         return task
 
     @property
@@ -134,7 +140,7 @@ class ClassificationTask(Task):
         }
 
     def num_batches(self, *, batch_size: int, world_size: int) -> int:
-        return num_batches(len(self.train), batch_size=batch_size, world_size=world_size)
+        return num_batches(len(self.train) * self.repeats, batch_size=batch_size, world_size=world_size)
 
     def on_device(self, which: str, device: torch.device) -> Split | None:
         """The "train", "val" or "test" split, moved to `device` once (uint8: 47 MB for MNIST's training set) when it
@@ -151,6 +157,7 @@ class ClassificationTask(Task):
     def batches(self, *, epoch, batch_size, seed, rank, world_size, device, generator, start=0) -> Iterator[Batch]:
         device = torch.device(device)
         opts = {"shuffle": True, "seed": seed, "epoch": epoch, "rank": rank, "world_size": world_size}
+        opts["repeats"] = self.repeats
         resident = self.on_device("train", device)
         if resident is not None:  # gather, convert and augment on the device
             it = iterate_batches(resident, batch_size=batch_size, device=device, **opts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -14,6 +15,10 @@ from ..errors import ConfigError, DatasetError
 from .selection import DEFAULT_MONITOR, Monitor, check_decay
 
 LR_END = 0.25  # the last epoch's share of the learning rate when neither a decay nor lr_end is given
+# The fewest optimizer steps an epoch of one's own data takes when epoch_repeats is unset: every recipe decays its
+# learning rate per epoch as on tens of thousands of images, and 270 images at batch 16 give 17 steps an epoch
+# (docs/training.md, "What learns a folder of one's own").
+MIN_EPOCH_STEPS = 200
 
 
 @dataclass(kw_only=True)
@@ -23,6 +28,14 @@ class LoopConfig:
     `capsnet.CapsNetConfig`)."""
 
     epochs: int = field(default=10, metadata={"help": "number of epochs"})
+    epoch_repeats: int | None = field(
+        default=None,
+        metadata={
+            "help": f"passes over the training images in one epoch (timm's --epoch-repeats); unset: 1 on a data "
+            f"set with a recorded recipe (MNIST, the sample, CIFAR, ...), and on an image folder, a .npz or a "
+            f"Dataset of one's own the fewest that make an epoch {MIN_EPOCH_STEPS} steps or more"
+        },
+    )
     batch_size: int | None = field(
         default=None,
         metadata={
@@ -104,7 +117,7 @@ class LoopConfig:
 
     def __post_init__(self) -> None:
         self.out = str(self.out)
-        for name in ("epochs", "batch_size", "eval_batch_size"):
+        for name in ("epochs", "epoch_repeats", "batch_size", "eval_batch_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.val_fraction < 1:
@@ -246,6 +259,40 @@ def check_schedule(lr: float | None, lr_decay: float | None, lr_end: float | Non
         )
     if not ((lr is None or lr > 0) and (lr_end is None or 0 < lr_end <= 1) and (lr_decay is None or 0 < lr_decay <= 1)):
         raise ConfigError("need lr > 0, 0 < lr_decay <= 1 and 0 < lr_end <= 1")
+
+
+def resolve_epoch_repeats(given: int | None, *, steps: int | None, own_data: bool) -> int:
+    """LoopConfig.epoch_repeats as a number: `given` if set; else, on one's own data of `steps` steps a pass, the
+    fewest passes that make MIN_EPOCH_STEPS steps; else 1."""
+    if given is not None:
+        return given
+    if not own_data or not steps:
+        return 1
+    return -(-MIN_EPOCH_STEPS // steps)
+
+
+def settle_epoch_repeats(
+    config: Any, task: Any, *, world_size: int, flag: str = "--epoch-repeats"
+) -> tuple[Any, str | None]:
+    """(the config with epoch_repeats a number, set on `task` too; the line announcing one chosen for the user,
+    else None). ConfigError for repeats given to a task whose data cannot repeat (an iterable of batches)."""
+    given = config.epoch_repeats
+    if not task.repeatable:
+        if given is not None and given > 1:
+            raise ConfigError(f"epoch_repeats {given}: this training data cannot repeat within an epoch; give 1")
+        return dataclasses.replace(config, epoch_repeats=1), None
+    assert config.batch_size is not None  # (resolved by capsnet.training.hardware.device_settings)
+    task.repeats = 1  # (a pass's steps)
+    steps = task.num_batches(batch_size=config.batch_size, world_size=world_size)
+    repeats = resolve_epoch_repeats(given, steps=steps, own_data=task.own_data)
+    task.repeats = repeats
+    note = None
+    if given is None and repeats > 1:
+        note = (
+            f"epoch: {repeats} passes over the training images, {repeats * steps} steps (at least "
+            f"{MIN_EPOCH_STEPS} on data of one's own; set {flag} to change)"
+        )
+    return dataclasses.replace(config, epoch_repeats=repeats), note
 
 
 def decay_per_epoch(lr_decay: float | None, lr_end: float | None, epochs: int) -> float:

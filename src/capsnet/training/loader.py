@@ -50,13 +50,20 @@ class SeededSampler(DistributedSampler):
     as DistributedSampler shards (every world_size-th index; the end wraps so that every rank has as many), from
     example `start` (a resumed epoch's first batch not yet done times the batch size)."""
 
-    def __init__(self, n: int, *, seed: int, rank: int = 0, world_size: int = 1, start: int = 0):
-        super().__init__(cast(Any, range(n)), num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
-        self.n, self.start = n, start
+    def __init__(self, n: int, *, seed: int, rank: int = 0, world_size: int = 1, start: int = 0, repeats: int = 1):
+        slots = cast(Any, range(n * repeats))  # an epoch of `repeats` passes (capsnet.data.batching.epoch_indices)
+        super().__init__(slots, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        self.n, self.start, self.repeats = n, start, repeats
 
     def __iter__(self) -> Iterator[int]:
         idx = epoch_indices(
-            self.n, shuffle=True, seed=self.seed, epoch=self.epoch, rank=self.rank, world_size=self.num_replicas
+            self.n,
+            shuffle=True,
+            seed=self.seed,
+            epoch=self.epoch,
+            rank=self.rank,
+            world_size=self.num_replicas,
+            repeats=self.repeats,
         )
         return iter(idx[self.start :].tolist())
 
@@ -258,6 +265,8 @@ class LoaderTask(Task):
                 "seed": val_seed,
                 "n": len(held),
             }
+        # A Dataset's epoch can repeat it, and is the user's own data (capsnet.training.config.MIN_EPOCH_STEPS).
+        self.repeatable = self.own_data = self.source.indexed
         parts = {"train": self.source, "val": self.val, "test": self.test}
         self.recorded: dict[str, Any] = {
             "validation": validation,
@@ -289,7 +298,7 @@ class LoaderTask(Task):
 
     def num_batches(self, *, batch_size: int, world_size: int) -> int | None:  # type: ignore[override]
         if self.source.indexed:
-            return num_batches(len(self.source.data), batch_size=batch_size, world_size=world_size)
+            return num_batches(len(self.source.data) * self.repeats, batch_size=batch_size, world_size=world_size)
         return self.source.length()  # (None for a streaming source)
 
     def check_ranks(self, dist: dist_utils.DistInfo) -> None:
@@ -309,8 +318,9 @@ class LoaderTask(Task):
             for images, labels in self.source.passes(epoch):
                 yield _on_device(images, labels, device, self.recipe)
             return
+        n = len(self.source.data)
         sampler = SeededSampler(
-            len(self.source.data), seed=seed, rank=rank, world_size=world_size, start=start * batch_size
+            n, seed=seed, rank=rank, world_size=world_size, start=start * batch_size, repeats=self.repeats
         )
         sampler.set_epoch(epoch)
         loader = self.source.loader(

@@ -39,7 +39,7 @@ from ..logs import LOGGER
 from ..models.inputs import DATA_FIELDS, image_hw
 from ..models.registry import MODELS
 from .checkpoint import STATE_NAME, load_state
-from .config import FitConfig, TrainConfig
+from .config import FitConfig, TrainConfig, settle_epoch_repeats
 from .hardware import device_settings
 from .record import (
     FIT_TASK,
@@ -96,11 +96,16 @@ def open_run(
     claim(config, dist, flag=flag, model_settings=model_settings)
     saved = None
     try:
+        # (after the claim, which compares the settings given with a recorded run's, not the repeats derived)
+        named = "--epoch-repeats" if flag.startswith("--") else "epoch_repeats="
+        config, note = settle_epoch_repeats(config, task, world_size=dist.world_size, flag=named)  # (config)
+        if note and dist.is_main:
+            LOGGER.info(note)
         if config.resume:
             saved = load_state(Path(config.out))  # on the CPU: restore() copies what it needs
             check_resumed_data(task, saved, Path(config.out), fit=isinstance(config, FitConfig))
     except BaseException:
-        release(config.out)
+        abandon(config.out)  # (nothing written yet: a folder this run made goes)
         raise
     return OpenedRun(config, task, saved)
 

@@ -42,6 +42,12 @@ class Task:
     n_classes: int = 10
     digits: bool = False  # whether the raw images are digit-style ink images (RecordedData.digits)
     recipe: InputRecipe = InputRecipe()  # how the batches turn raw images into the model's input (÷ 255)
+    # Passes over the training data in one epoch (LoopConfig.epoch_repeats, set when the run opens), where the task
+    # can repeat its data (`repeatable`); `own_data`: data of the user's own rather than a set with a recorded
+    # recipe, whose epochs `epoch_repeats` unset lengthens to MIN_EPOCH_STEPS (capsnet.training.config).
+    repeats: int = 1
+    repeatable: bool = False
+    own_data: bool = False
 
     def model_fields(self) -> dict[str, Any]:
         """Model options that come from the data rather than from flags: the input's shape and classes, whether it
