@@ -2,7 +2,7 @@
 --dataset FOLDER` trains it, on the synthetic `shapes` case (capsnet.data.synthetic: 3 classes of coloured shapes,
 32×32 RGB, 100 training images each).
 
-Every model trains on a third of it for two epochs without getting stuck (no stuck line: capsnet.training.stuck)
+Every model trains on a third of it for an epoch without getting stuck (no stuck line: capsnet.training.stuck)
 and with finite losses. What each model reaches in the suite's 10 epochs is a benchmark, not a test
 (benchmarks/trainability.py, results/trainability.csv): at the edge of learning the set, a run's figure moves with
 the CPU's arithmetic (self-routing-capsnet, seed 0: 94.67% with one thread, 38.33% with two). Why most models do
@@ -61,10 +61,10 @@ def test_every_model_trains_on_the_shapes_folder_without_getting_stuck(
         # kernel (one thread, AMD EPYC). The kernel is built once into the shared cache, as the kernel tests do.
         monkeypatch.delenv("CAPSNET_NO_EXT", raising=False)
         ia_cpu.build()
-    err = _train(model, small_shapes, tmp_path / "run", 2, capsys)
+    err = _train(model, small_shapes, tmp_path / "run", 1, capsys)  # (the stuck check reads each epoch's end)
     assert "training looks stuck" not in err
     rows = read_summary(tmp_path / "run")
-    assert [r["epoch"] for r in rows] == [1.0, 2.0]
+    assert [r["epoch"] for r in rows] == [1.0]
     assert all(math.isfinite(r["train_loss"]) and math.isfinite(r["val_loss"]) for r in rows)
     if "shortest_length" in rows[-1]:  # the class lengths the stuck check reads
         assert 0 <= rows[-1]["shortest_length"] <= rows[-1]["longest_length"] <= 1 + 1e-6
