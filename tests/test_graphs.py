@@ -35,18 +35,19 @@ def _eager_steps(run, start=0):
     return [(*train_step(run, b), b.images.shape[0]) for b in batches]
 
 
-def test_static_batches_have_one_shape_and_equal_the_tasks_batches(tmp_path):
-    run = _run(tmp_path, "a")
+@pytest.mark.parametrize("repeats, sizes", [(1, [32, 32, 8]), (2, [32, 32, 32, 32, 16])])
+def test_static_batches_have_one_shape_and_equal_the_tasks_batches(tmp_path, repeats, sizes):
+    run = _run(tmp_path, "a", epoch_repeats=repeats)
     seen = []
 
     def spy(run, batch):
         seen.append((batch.images.clone(), batch.targets.clone()))
         return torch.zeros(()), torch.zeros((), dtype=torch.long)
 
-    sizes = [n for _, _, n in graphs.StepGraph(run, spy, capture=False).epoch(0, 0)]
-    assert sizes == [32, 32, 8]  # 72 images: two full batches (the static shape), then 8 eagerly
+    # 72 images a pass: full batches (the static shape), then the rest eagerly
+    assert [n for _, _, n in graphs.StepGraph(run, spy, capture=False).epoch(0, 0)] == sizes
     assert [x.shape[0] for x, _ in seen] == sizes
-    reference = _run(tmp_path, "b")  # the same seed: the same initial augmentation stream
+    reference = _run(tmp_path, "b", epoch_repeats=repeats)  # the same seed: the same initial augmentation stream
     expected = list(reference.task.batches(epoch=0, batch_size=32, seed=0, rank=0, world_size=1,
                                            device=reference.device, generator=reference.augment_rng))  # fmt: skip
     assert len(expected) == len(seen)

@@ -94,6 +94,7 @@ class StepGraph:
             epoch=epoch,
             rank=run.dist.rank,
             world_size=run.dist.world_size,
+            repeats=run.task.repeats,
         ).to(self.split.images.device)
         for lo in range(start * size, len(order), size):
             take = order[lo : lo + size]
