@@ -13,9 +13,11 @@ test accuracy of best/. tests/test_trainability.py holds the same cases to a sta
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from capsnet.data.synthetic import CASES, SUITE_EPOCHS, write_case
@@ -29,6 +31,13 @@ from capsnet.training.config import TrainConfig
 def case_folder(case: str, work: Path) -> Path:
     """The case's class folders under `work` (written on first use)."""
     return write_case(case, work / case)
+
+
+def passes(model: str, case: str, seed: int, *, work: Path) -> int:
+    """The passes over the training images an epoch of that run took (its config.json: epoch_repeats, unset in the
+    run's command and so chosen by `capsnet.training.config.MIN_EPOCH_STEPS`)."""
+    meta = json.loads((work / "runs" / case / model / f"seed-{seed}" / "config.json").read_text())
+    return int(meta["train"].get("epoch_repeats") or 1)
 
 
 def run(model: str, case: str, seed: int, *, epochs: int, work: Path) -> float:
@@ -93,6 +102,8 @@ def main() -> int:
             start = time.perf_counter()
             accuracies = [100 * run(model, case, s, epochs=args.epochs, work=work) for s in seeds]
             row = with_accuracies(case_row(model, case, epochs=args.epochs, seeds=args.seeds), seeds, accuracies)
+            repeats = sorted({passes(model, case, s, work=work) for s in seeds})
+            row = replace(row, note=f"{'/'.join(map(str, repeats))} passes over the training images an epoch")
             write_rows(Path(args.results) / "trainability.csv", [row])
             took = time.perf_counter() - start
             figure = f"{row.test_acc_mean:6.2f} ± {row.test_acc_std:5.2f}% ({row.test_acc})"
