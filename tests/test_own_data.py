@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -25,7 +26,7 @@ from capsnet.training.checkpoint import load_state, read_summary
 from capsnet.training.config import MIN_EPOCH_STEPS, resolve_epoch_repeats
 from capsnet.training.distributed import DistInfo
 from capsnet.training.evaluator import evaluate_batches
-from capsnet.training.stuck import run_stuck_line
+from capsnet.training.stuck import memorising, memorising_line, run_stuck_line
 from capsnet.training.tasks import Batch
 
 QUIET = {"progress": False, "tensorboard": False, "device": "cpu"}
@@ -136,6 +137,41 @@ def test_a_learning_run_says_nothing_about_being_stuck(tmp_path, capsys):
     capsnet.fit(Tiny(), Stripes(60), epochs=2, out=tmp_path / "run", batch_size=10, **QUIET)
     assert "stuck" not in capsys.readouterr().err
     assert run_stuck_line(tmp_path / "run", n_classes=3) is None  # (no class lengths: nothing to say)
+
+
+class Memoriser(Saturated):
+    """A model that knows its training images' labels (it is shown them while training) and nothing else: in
+    evaluation every image is class 0."""
+
+    def forward(self, images, labels=None):
+        out = super().forward(images)
+        if self.training and labels is not None:
+            return SimpleNamespace(lengths=out.lengths, predictions=labels)
+        return SimpleNamespace(lengths=out.lengths * 0.5, predictions=torch.zeros_like(out.predictions))
+
+
+@pytest.mark.parametrize(
+    "train, val, says",
+    [(1.0, 0.70, True), (0.95, 0.70, True), (1.0, 0.76, False), (0.94, 0.30, False), (1.0, math.nan, False)],
+)
+def test_memorising_is_a_fitted_training_set_and_a_held_out_accuracy_far_below(train, val, says):
+    assert memorising({"epoch": 1, "train_acc": train, "val_acc": val}) is says
+    assert not memorising({"epoch": 1, "train_acc": train, "test_acc": 0.0})  # no validation split: nothing said
+
+
+def test_the_memorising_line_comes_once_a_run_in_the_callers_terms():
+    row = {"epoch": 4, "train_acc": 1.0, "val_acc": 0.6333}
+    line = memorising_line(row, [{"epoch": 3, "train_acc": 0.9, "val_acc": 0.6}], flag="--lr")
+    assert line is not None and "after epoch 4" in line and "(100.0%)" in line and "(63.3%)" in line
+    assert "--augment shift=2,colour" in line and "\n" not in line
+    assert "__getitem__" in memorising_line(row, [], flag="lr=")  # (capsnet.fit: the Dataset augments)
+    assert memorising_line(row, [{"epoch": 3, "train_acc": 1.0, "val_acc": 0.6}], flag="--lr") is None  # said
+
+
+def test_fit_says_once_when_the_model_memorises_its_training_images(tmp_path, capsys):
+    capsnet.fit(Memoriser(), Balanced(60), epochs=3, epoch_repeats=1, out=tmp_path / "run", batch_size=10, **QUIET)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "far better than the held-out" in line]
+    assert len(lines) == 1 and "after epoch 1" in lines[0] and "(100.0%)" in lines[0] and "(33.3%)" in lines[0]
 
 
 # ------------------------------------------------------------------------------------------ fit on a Dataset

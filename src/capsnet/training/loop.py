@@ -38,7 +38,7 @@ from .record import write_record
 from .runfolder import resumed_line
 from .selection import choose_best
 from .state import EpochSums, RunState, restore
-from .stuck import epoch_stuck_line
+from .stuck import epoch_stuck_line, memorising_line
 from .tasks import Batch
 
 STOP_CHECK_EVERY = 16  # steps between the torchrun ranks' agreement on a stop (one all-reduce + one host sync)
@@ -167,7 +167,11 @@ def close_epoch(run: Run, state: RunState) -> dict[str, float]:
     best/ by the checkpoint that follows) by the run's monitor (capsnet.training.selection)."""
     row, split, candidates, n_classes = evaluate_epoch(run, state)
     run.scheduler.step()  # the learning rate's decay per epoch
-    line = epoch_stuck_line(row, n_classes=n_classes, flag="--lr" if isinstance(run.config, TrainConfig) else "lr=")
+    flag = "--lr" if isinstance(run.config, TrainConfig) else "lr="
+    line = epoch_stuck_line(row, n_classes=n_classes, flag=flag)
+    if line is not None and run.dist.is_main:
+        LOGGER.warning(line)
+    line = memorising_line(row, state.history[:-1], flag=flag)  # (the history ends with this epoch's row)
     if line is not None and run.dist.is_main:
         LOGGER.warning(line)
     spec = run.config.monitor if split is not None else "val_loss"  # (no held-out data: the training loss)

@@ -1,17 +1,22 @@
-"""Whether training is stuck (at chance, lengths saturated), and the one line that says what to try.
+"""Whether training is stuck (at chance, lengths saturated) or memorising (its training images fitted, the held-out
+ones not), and the one line that says what to try.
 
 Capsule networks trap themselves in a way a CNN does not: when every class capsule's length is pushed into the
 squash's flat ends (all near 1, or all near 0), the margin loss's gradient through |v| vanishes (d|v|/d|s| falls
 as |s|^-3 at the long end) and Adam, whose second moment still holds the earlier, larger gradients, takes steps
 too small to leave. Accuracy then sits at chance for the rest of the run (docs/training.md, "When training is
 stuck").
+
+A model can also learn what tells its training images apart rather than what makes their classes: on a few hundred
+images of shapes in random colours, the colours (docs/training.md, "What learns a folder of one's own"). Training
+accuracy then reaches 100% while the held-out accuracy stays far below it, and the line says so once a run.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import CheckpointError
@@ -21,6 +26,9 @@ CHANCE_MARGIN = 0.1
 # "Saturated": the mean shortest class-capsule length at least this (all near 1), or the mean longest at most
 # 1 - this (all near 0).
 SATURATED = 0.9
+# "Memorising": training accuracy at least FITTED, and the held-out (validation) accuracy at least GAP below it.
+FITTED = 0.95
+GAP = 0.25
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,32 @@ def epoch_stuck_line(row: Mapping[str, float], *, n_classes: int, flag: str) -> 
     )
 
 
+def memorising(row: Mapping[str, float]) -> bool:
+    """Whether an epoch's row (summary.csv) fitted its training images and not the validation split (`FITTED`,
+    `GAP`); False without a validation split."""
+    train, val = row.get("train_acc"), row.get("val_acc")
+    if train is None or val is None or math.isnan(train) or math.isnan(val):
+        return False
+    return train >= FITTED and train - val >= GAP
+
+
+def memorising_line(row: Mapping[str, float], earlier: Sequence[Mapping[str, float]], *, flag: str) -> str | None:
+    """One line at the first epoch of a run (`earlier`: the rows before it) that is `memorising`; None otherwise.
+    `flag` is "--lr" (capsnet train: the hint names `--augment`) or "lr=" (capsnet.fit: the Dataset's own)."""
+    if not memorising(row) or any(memorising(r) for r in earlier):
+        return None
+    if flag.startswith("--"):
+        vary = "--augment shift=2,colour where colour does not make the class, flip, rotate=DEG"
+    else:
+        vary = "random transforms in the Dataset's __getitem__"
+    return (
+        f"capsnet: after epoch {int(row['epoch'])} the model fits its training images ({100 * row['train_acc']:.1f}%) "
+        f"far better than the held-out ones ({100 * row['val_acc']:.1f}%): it tells the training images apart by "
+        f"something other than their classes; try more images per class, or an augmentation that varies what does "
+        f'not make a class ({vary}; docs/training.md, "What learns a folder of one\'s own")'
+    )
+
+
 def run_stuck_line(run_dir: str | os.PathLike, *, n_classes: int) -> str | None:
     """The stuck line of a run folder's last epoch (summary.csv), for `capsnet explore`'s note; None when the
     run is not stuck or records no class lengths."""
@@ -96,10 +130,14 @@ def run_stuck_line(run_dir: str | os.PathLike, *, n_classes: int) -> str | None:
 
 __all__ = [
     "CHANCE_MARGIN",
+    "FITTED",
+    "GAP",
     "SATURATED",
     "LengthStats",
     "at_chance",
     "epoch_stuck_line",
+    "memorising",
+    "memorising_line",
     "run_stuck_line",
     "saturation",
     "stuck_line",
