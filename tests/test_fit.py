@@ -390,8 +390,8 @@ out = sys.argv[1]
 torch.manual_seed(0)
 model = Tiny()
 data = Stripes(101)  # odd: the ranks' shares differ unless the sampler pads
-result = capsnet.fit(model, data, test_data=Stripes(41, seed=1), epochs=2, out=out, batch_size=8, lr=1e-2,
-                     progress=True, tensorboard=False, device="cpu")
+result = capsnet.fit(model, data, test_data=Stripes(41, seed=1), epochs=2, epoch_repeats=1, out=out, batch_size=8,
+                     lr=1e-2, progress=True, tensorboard=False, device="cpu")
 rank = int(os.environ["RANK"])
 torch.save({k: v.clone() for k, v in model.state_dict().items()}, f"{out}/rank{rank}.pt")
 """

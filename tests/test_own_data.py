@@ -23,7 +23,7 @@ from capsnet.models.deepcaps import DeepCaps
 from capsnet.models.efficient_capsnet import EfficientCapsNet
 from capsnet.routing.dynamic import coherent_vote_lr
 from capsnet.training.checkpoint import load_state, read_summary
-from capsnet.training.config import MIN_EPOCH_STEPS, resolve_epoch_repeats
+from capsnet.training.config import resolve_epoch_repeats
 from capsnet.training.distributed import DistInfo
 from capsnet.training.evaluator import evaluate_batches
 from capsnet.training.stuck import memorising, memorising_line, run_stuck_line
@@ -252,11 +252,17 @@ def test_an_epoch_of_repeats_visits_every_example_as_often_and_one_pass_is_the_p
 
 
 def test_unset_repeats_lengthen_only_a_small_epoch_of_ones_own_data():
-    assert resolve_epoch_repeats(None, steps=17, own_data=True) == 12  # 270 images at 16: 204 steps
-    assert resolve_epoch_repeats(None, steps=MIN_EPOCH_STEPS, own_data=True) == 1
-    assert resolve_epoch_repeats(None, steps=45, own_data=False) == 1  # a recorded recipe's set: as it is
-    assert resolve_epoch_repeats(2, steps=17, own_data=True) == 2  # given: as given
-    assert resolve_epoch_repeats(2, steps=500, own_data=False) == 2
+    def steps(n: int, batch_size: int, world_size: int = 1):
+        return lambda r: num_batches(n * r, batch_size=batch_size, world_size=world_size)
+
+    assert resolve_epoch_repeats(None, steps=steps(270, 16), own_data=True) == 12  # 3,240 images: 203 steps
+    # 91 examples on 2 ranks at 8: 6 steps a pass, but 34 passes are 194 steps; 35 are 200
+    assert resolve_epoch_repeats(None, steps=steps(91, 8, 2), own_data=True) == 35
+    assert steps(91, 8, 2)(34) == 194 and steps(91, 8, 2)(35) == 200
+    assert resolve_epoch_repeats(None, steps=steps(3200, 16), own_data=True) == 1
+    assert resolve_epoch_repeats(None, steps=steps(5400, 120), own_data=False) == 1  # a recorded recipe's set
+    assert resolve_epoch_repeats(2, steps=steps(270, 16), own_data=True) == 2  # given: as given
+    assert resolve_epoch_repeats(2, steps=steps(60000, 16), own_data=False) == 2
 
 
 def test_a_folder_run_records_its_repeats_says_so_once_and_resumes_with_them(tmp_path, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -261,14 +262,17 @@ def check_schedule(lr: float | None, lr_decay: float | None, lr_end: float | Non
         raise ConfigError("need lr > 0, 0 < lr_decay <= 1 and 0 < lr_end <= 1")
 
 
-def resolve_epoch_repeats(given: int | None, *, steps: int | None, own_data: bool) -> int:
-    """LoopConfig.epoch_repeats as a number: `given` if set; else, on one's own data of `steps` steps a pass, the
-    fewest passes that make MIN_EPOCH_STEPS steps; else 1."""
+def resolve_epoch_repeats(given: int | None, *, steps: Callable[[int], int] | None, own_data: bool) -> int:
+    """LoopConfig.epoch_repeats as a number: `given` if set; else, on one's own data whose epoch of r passes takes
+    `steps(r)` optimizer steps, the fewest passes that make MIN_EPOCH_STEPS steps; else 1."""
     if given is not None:
         return given
-    if not own_data or not steps:
+    if not own_data or steps is None or steps(1) == 0:
         return 1
-    return -(-MIN_EPOCH_STEPS // steps)
+    repeats = -(-MIN_EPOCH_STEPS // steps(1))  # (a lower bound: a pass's last batch may be a partial one)
+    while steps(repeats) < MIN_EPOCH_STEPS:
+        repeats += 1
+    return repeats
 
 
 def settle_epoch_repeats(
@@ -281,17 +285,21 @@ def settle_epoch_repeats(
         if given is not None and given > 1:
             raise ConfigError(f"epoch_repeats {given}: this training data cannot repeat within an epoch; give 1")
         return dataclasses.replace(config, epoch_repeats=1), None
-    assert config.batch_size is not None  # (resolved by capsnet.training.hardware.device_settings)
-    task.repeats = 1  # (a pass's steps)
-    steps = task.num_batches(batch_size=config.batch_size, world_size=world_size)
+    batch_size = config.batch_size
+    assert batch_size is not None  # (resolved by capsnet.training.hardware.device_settings)
+
+    def steps(repeats: int) -> int:  # an epoch's optimizer steps at `repeats` passes
+        task.repeats = repeats
+        return task.num_batches(batch_size=batch_size, world_size=world_size)
+
     repeats = resolve_epoch_repeats(given, steps=steps, own_data=task.own_data)
-    task.repeats = repeats
     note = None
     if given is None and repeats > 1:
         note = (
-            f"epoch: {repeats} passes over the training images, {repeats * steps} steps (at least "
+            f"epoch: {repeats} passes over the training images, {steps(repeats)} steps (at least "
             f"{MIN_EPOCH_STEPS} on data of one's own; set {flag} to change)"
         )
+    task.repeats = repeats
     return dataclasses.replace(config, epoch_repeats=repeats), note
 
 
