@@ -157,7 +157,7 @@ class ClassificationTask(Task):
     def batches(self, *, epoch, batch_size, seed, rank, world_size, device, generator, start=0) -> Iterator[Batch]:
         device = torch.device(device)
         opts = {"shuffle": True, "seed": seed, "epoch": epoch, "rank": rank, "world_size": world_size}
-        opts["repeats"] = self.repeats
+        opts |= {"repeats": self.repeats}  # (the epoch's passes: capsnet.training.config.settle_epoch_repeats)
         resident = self.on_device("train", device)
         if resident is not None:  # gather, convert and augment on the device
             it = iterate_batches(resident, batch_size=batch_size, device=device, **opts)
