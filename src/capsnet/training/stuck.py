@@ -1,5 +1,7 @@
-"""Whether training is stuck (at chance, lengths saturated) or memorising (its training images fitted, the held-out
-ones not), and the one line that says what to try.
+"""Whether training is stuck or memorising, and the one line that says what to try.
+
+Stuck: accuracy at chance with every class capsule's length saturated. Memorising: the training images fitted and
+the held-out ones not.
 
 Capsule networks trap themselves in a way a CNN does not: when every class capsule's length is pushed into the
 squash's flat ends (all near 1, or all near 0), the margin loss's gradient through |v| vanishes (d|v|/d|s| falls
