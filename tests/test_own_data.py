@@ -280,10 +280,14 @@ def test_a_folder_run_records_its_repeats_says_so_once_and_resumes_with_them(tmp
     out = capsys.readouterr().out
     # 36 training images (4 held out) at 12 are 3 steps a pass: 67 passes make 201 steps
     assert out.count("epoch: 67 passes over the training images, 201 steps") == 1 and "--epoch-repeats" in out
-    meta = json.loads((run / "config.json").read_text())["train"]
-    assert meta["epoch_repeats"] == 67 and load_state(run)["step"] == 201
+    # the shapes' colours are random: the colour augmentation joins the shifts, and one line says why
+    assert out.count("augment: shift=2,colour, since the training images' mean colours do not tell") == 1
+    meta = json.loads((run / "config.json").read_text())
+    assert meta["train"]["epoch_repeats"] == 67 and load_state(run)["step"] == 201
+    assert meta["train"]["augment"] == "auto" and meta["augment"] == "shift=2,colour"
     assert main(["train", "--out", str(run), "--resume", "--epochs", "2", "--no-progress"]) == 0
-    assert "passes over" not in capsys.readouterr().out  # (the run's own, recorded: nothing chosen)
+    out = capsys.readouterr().out
+    assert "passes over" not in out and "augment:" not in out  # (the run's own, recorded: nothing chosen)
     assert load_state(run)["step"] == 402
 
 
@@ -301,3 +305,71 @@ def test_the_sample_keeps_one_pass_and_an_iterable_cannot_repeat(tmp_path, capsy
     with pytest.raises(ConfigError, match="epoch_repeats 2: this training data cannot repeat within an epoch"):
         capsnet.fit(_tiny_capsnet(), batches, epochs=1, epoch_repeats=2, out=tmp_path / "it", **QUIET)
     assert not (tmp_path / "it").exists()
+
+
+# ------------------------------------------------------------------------------------------ colour augmentation
+def _split(colours, labels, size=4):
+    """A Split of plain images, image i all colours[i] (RGB 0-255)."""
+    from capsnet.data.split import Split
+
+    images = torch.tensor(colours, dtype=torch.uint8)[:, :, None, None].expand(-1, -1, size, size).contiguous()
+    return Split(images, torch.tensor(labels))
+
+
+def test_the_colour_check_is_a_held_out_nearest_centroid_on_mean_colours():
+    from capsnet.data.colour import SIGMAS, colour_check
+
+    # red images are class 0, blue ones class 1: every held-out image is right
+    found = colour_check(_split([[200, 0, 0], [0, 0, 200]] * 10, [0, 1] * 10))
+    assert (found.accuracy, found.chance, found.n) == (1.0, 0.5, 20) and not found.colour_free
+    assert found.margin == pytest.approx(SIGMAS * (0.25 / 20) ** 0.5)
+    # class 0 alternates red, blue and class 1 blue, red: fitted on the even ones of each class, the centroids are
+    # red (0) and blue (1), and every odd one is taken for the other class; the same the other way round
+    red, blue = [200, 0, 0], [0, 0, 200]
+    found = colour_check(_split([red, blue, blue, red] * 5, [0, 0, 1, 1] * 5))
+    assert found.accuracy == 0.0 and found.colour_free
+    assert "do not tell their classes apart" in found.line() and "0.0% held out, chance 50.0%" in found.line()
+    assert colour_check(_split([[9, 9, 9]] * 20, [0] * 20)) is None  # one class
+    assert colour_check(_split([[9, 9, 9], [1, 2, 3]] * 9, [0, 1] * 9)) is None  # too few images
+    grey = _split([[9, 9, 9]] * 20, [0, 1] * 10)
+    assert colour_check(dataclasses.replace(grey, images=grey.images[:, :1])) is None  # not RGB
+
+
+@pytest.mark.parametrize("case, colour", [("shapes", True), ("textures", True), ("shapes-20", False)])
+def test_own_folders_get_colour_augmentation_when_colour_does_not_make_the_class(case, colour, tmp_path):
+    from capsnet.data.synthetic import CASES, make_case, write_folder
+    from capsnet.training.classification import ClassificationTask
+    from capsnet.training.config import TrainConfig
+
+    n = CASES[case].n_train
+    folder = write_folder(make_case(case, n_per_class=n, n_test_per_class=2, seed=0), tmp_path / case)
+    task = ClassificationTask.from_config(TrainConfig(dataset=str(folder), out=str(tmp_path / "run")))
+    assert task.spec.colour is colour and str(task.spec) == ("shift=2,colour" if colour else "shift=2")
+    assert bool(task.notes) is colour  # the line says why, only when the colour joins
+    # given augmentation stays as given
+    given = TrainConfig(dataset=str(folder), augment="shift=1", out=str(tmp_path / "run"))
+    assert str(ClassificationTask.from_config(given).spec) == "shift=1"
+
+
+def test_colour_joins_only_the_default_of_a_format_of_ones_own():
+    from capsnet.data.imageaug import resolve_augment
+
+    free = SimpleNamespace(colour_free=True)
+    assert str(resolve_augment("auto", "folder", colours=free)) == "shift=2,colour"
+    assert str(resolve_augment("auto", "npz", shift=3, colours=free)) == "shift=3,colour"
+    assert str(resolve_augment("auto", "folder", colours=SimpleNamespace(colour_free=False))) == "shift=2"
+    assert not resolve_augment("auto", "cifar10", colours=free).colour  # a recorded recipe
+    recipes = {"folder": {"augment": "crop=24"}}
+    assert str(resolve_augment("auto", "folder", recipes=recipes, colours=free)) == "crop=24x24"  # the model's
+    assert str(resolve_augment("flip", "folder", colours=free)) == "flip"
+
+
+def test_data_info_says_whether_colour_joins_a_folders_augmentation(tmp_path, capsys):
+    from capsnet.cli import main
+    from capsnet.data.synthetic import make_case, write_folder
+
+    folder = write_folder(make_case("shapes", n_per_class=20, n_test_per_class=2, seed=0), tmp_path / "shapes")
+    assert main(["data", "info", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "augmentation (default): shift=2,colour (" in out
+    assert "colour: the training images' mean colours do not tell their classes apart" in out

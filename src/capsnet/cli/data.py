@@ -53,8 +53,9 @@ def _histogram_table(rows: list[tuple[str, Split]], n_classes: int) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from ..data.colour import colour_check
     from ..data.datasets import load_dataset
-    from ..data.imageaug import resolve_augment
+    from ..data.imageaug import OWN_KINDS, resolve_augment
     from .data_sources import class_lines
 
     ds = load_dataset(args.name_or_dir, data_dir=args.data_dir, download=args.download)
@@ -68,9 +69,13 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(_histogram_table(rows, ds.n_classes))
     if ds.train is None:
         print("(test-only folder: no train split)")
-    spec = resolve_augment("auto", ds.kind or "idx")
+    kind = ds.kind or "idx"
+    colours = colour_check(ds.train) if kind in OWN_KINDS and ds.train is not None else None
+    spec = resolve_augment("auto", kind, colours=colours)
     crop = f"; test images centre-cropped to {spec.crop[0]}x{spec.crop[1]}" if spec.crop else ""
     print(f"augmentation (default): {spec}{crop} (capsnet train --augment changes it)")
+    if colours is not None:
+        print(f"  colour: {colours.line()}, over the whole training split")
     md5s = _md5_lines(args)
     if md5s:
         print("files (MD5; `capsnet data check` compares them with the published ones):")

@@ -18,6 +18,7 @@ import torch
 from ..errors import ConfigError
 from . import hvc_augment
 from .augment import affine_warp, random_shift
+from .colour import ColourCheck
 
 
 def _draw(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
@@ -274,7 +275,9 @@ class AugmentSpec:
 # research/capsules/input_data): CIFAR-10 random 24×24 crops, left-right flips, brightness ±63/255, contrast
 # 0.2–1.8, 24×24 centre crops at test, per-image standardization; smallNORB (48×48 after loading) random 32×32
 # crops, centre crops at test; SVHN and the MNIST family the paper's 2 px shifts. CIFAR-100 takes CIFAR-10's.
-# Image folders and .npz files: 2 px shifts (nothing that assumes what the images show).
+# Image folders and .npz files: 2 px shifts (nothing that assumes what the images show), and the colour augmentation
+# where their colours do not tell the classes apart (OWN_KINDS, capsnet.data.colour).
+OWN_KINDS = ("folder", "npz")
 DEFAULTS: dict[str, AugmentSpec] = {
     "cifar10": AugmentSpec(crop=(24, 24), flip=True, brightness=63 / 255, contrast=(0.2, 1.8), standardize=True),
     "cifar100": AugmentSpec(crop=(24, 24), flip=True, brightness=63 / 255, contrast=(0.2, 1.8), standardize=True),
@@ -289,13 +292,24 @@ DEFAULTS: dict[str, AugmentSpec] = {
 
 
 def resolve_augment(
-    text: str, kind: str, *, shift: int = 2, recipes: dict[str, dict[str, str]] | None = None
+    text: str,
+    kind: str,
+    *,
+    shift: int = 2,
+    recipes: dict[str, dict[str, str]] | None = None,
+    colours: ColourCheck | None = None,
 ) -> AugmentSpec:
     """ "auto": the model's own recipe for data format `kind` (`recipes`, a model class's `data_recipes`), else
-    the format's default, its 2 px shift replaced by `shift` (TrainConfig.shift); otherwise
+    the format's default, its 2 px shift replaced by `shift` (TrainConfig.shift), with colour on a format of one's
+    own (OWN_KINDS) whose training split's `colours` do not tell its classes apart; otherwise
     `AugmentSpec.parse`."""
     if text != "auto":
         return AugmentSpec.parse(text)
     recipe = (recipes or {}).get(kind, {}).get("augment")
-    spec = AugmentSpec.parse(recipe) if recipe is not None else DEFAULTS.get(kind, DEFAULTS["folder"])
+    if recipe is not None:
+        spec = AugmentSpec.parse(recipe)
+    else:
+        spec = DEFAULTS.get(kind, DEFAULTS["folder"])
+        if kind in OWN_KINDS and colours is not None and colours.colour_free:
+            spec = spec.replace(colour=True)
     return spec.replace(shift=shift) if spec.shift else spec

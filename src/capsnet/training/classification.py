@@ -10,8 +10,9 @@ import torch
 
 from ..configs.base import parse_size
 from ..data.batching import epoch_indices, iterate_batches, num_batches
+from ..data.colour import colour_check
 from ..data.datasets import load_dataset
-from ..data.imageaug import AugmentSpec, resolve_augment
+from ..data.imageaug import OWN_KINDS, AugmentSpec, resolve_augment
 from ..data.scaling import channel_stats
 from ..data.split import Split, stratified_holdout
 from ..errors import ConfigError, DatasetError
@@ -20,10 +21,6 @@ from ..pixels import to_float
 from .evaluator import evaluate
 from .recipes import model_recipes, recipe_image_size
 from .tasks import Batch, Task
-
-# The formats of a user's own data (an image folder, a .npz): no recorded recipe sized their epochs, so an unset
-# epoch_repeats lengthens a small one's epochs (capsnet.training.config.MIN_EPOCH_STEPS).
-OWN_FORMATS = ("folder", "npz")
 
 
 def subset(split: Split, n: int | None) -> Split:
@@ -105,11 +102,16 @@ class ClassificationTask(Task):
         if data.train is None:
             raise DatasetError(f"{data.source}: holds only a test split; training needs the train-* files too")
         check_image_size(getattr(config, "image_size", None), data)
-        augment = getattr(config, "augment", "auto")
-        spec = resolve_augment(augment, data.kind or "idx", shift=config.shift, recipes=recipes)
+        augment, kind = getattr(config, "augment", "auto"), data.kind or "idx"
+        train, val, recorded = validation_split(subset(data.train, config.train_subset), data.val, config)
+        # The formats of a user's own data (an image folder, a .npz): no recorded recipe chose their augmentation or
+        # sized their epochs, so `auto` looks at the training split's colours, and an unset epoch_repeats lengthens
+        # a small one's epochs (capsnet.training.config.MIN_EPOCH_STEPS).
+        own = kind in OWN_KINDS
+        colours = colour_check(train) if own and augment == "auto" else None
+        spec = resolve_augment(augment, kind, shift=config.shift, recipes=recipes, colours=colours)
         if spec.flip and data.digits:
             raise DatasetError(f"{data.source}: a digit set; flipping digits changes their class (drop 'flip')")
-        train, val, recorded = validation_split(subset(data.train, config.train_subset), data.val, config)
         task = cls(
             train=train,
             test=subset(data.test, config.test_subset),
@@ -122,7 +124,9 @@ class ClassificationTask(Task):
             digits=data.digits,
         )
         task.recorded["validation"] = recorded
-        task.own_data = data.kind in OWN_FORMATS
+        task.own_data = own
+        if colours is not None and spec.colour:
+            task.notes = (f"augment: {spec}, since {colours.line()} (set --augment to change)",)
         return task
 
     @property

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import shutil
 from collections.abc import Callable
@@ -91,6 +92,7 @@ def open_run(
     task = make_task(config)
     if check_task is not None:
         check_task(config, task)
+    notes += [(text, logging.INFO) for text in task.notes if not config.resume]  # (a resumed run's were said)
     for text, level in notes if dist.is_main else ():
         LOGGER.log(level, text)
     claim(config, dist, flag=flag, model_settings=model_settings)

@@ -48,6 +48,7 @@ class Task:
     repeats: int = 1
     repeatable: bool = False
     own_data: bool = False
+    notes: tuple[str, ...] = ()  # lines saying what the task chose for the user (said once, when the run opens)
 
     def model_fields(self) -> dict[str, Any]:
         """Model options that come from the data rather than from flags: the input's shape and classes, whether it
