@@ -33,11 +33,12 @@ def case_folder(case: str, work: Path) -> Path:
     return write_case(case, work / case)
 
 
-def passes(model: str, case: str, seed: int, *, work: Path) -> int:
-    """The passes over the training images an epoch of that run took (its config.json: epoch_repeats, unset in the
-    run's command and so chosen by `capsnet.training.config.MIN_EPOCH_STEPS`)."""
+def recorded(model: str, case: str, seed: int, *, work: Path) -> tuple[int, str]:
+    """(the passes over the training images an epoch of that run took, its augmentation): both unset in the run's
+    command and chosen from the data (capsnet.training.config.MIN_EPOCH_STEPS, capsnet.data.colour), as its
+    config.json records them."""
     meta = json.loads((work / "runs" / case / model / f"seed-{seed}" / "config.json").read_text())
-    return int(meta["train"].get("epoch_repeats") or 1)
+    return int(meta["train"].get("epoch_repeats") or 1), str(meta.get("augment", "?"))
 
 
 def run(model: str, case: str, seed: int, *, epochs: int, work: Path) -> float:
@@ -102,8 +103,11 @@ def main() -> int:
             start = time.perf_counter()
             accuracies = [100 * run(model, case, s, epochs=args.epochs, work=work) for s in seeds]
             row = with_accuracies(case_row(model, case, epochs=args.epochs, seeds=args.seeds), seeds, accuracies)
-            repeats = sorted({passes(model, case, s, work=work) for s in seeds})
-            row = replace(row, note=f"{'/'.join(map(str, repeats))} passes over the training images an epoch")
+            chosen = [recorded(model, case, s, work=work) for s in seeds]
+            repeats, augment = sorted({r for r, _ in chosen}), sorted({a for _, a in chosen})
+            note = f"{'/'.join(map(str, repeats))} passes over the training images an epoch"
+            note += f"; augment {'/'.join(augment)}"
+            row = replace(row, note=note)
             write_rows(Path(args.results) / "trainability.csv", [row])
             took = time.perf_counter() - start
             figure = f"{row.test_acc_mean:6.2f} ± {row.test_acc_std:5.2f}% ({row.test_acc})"
