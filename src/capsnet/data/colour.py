@@ -48,7 +48,8 @@ def colour_check(train: Split) -> ColourCheck | None:
     counts = torch.bincount(labels, minlength=k)
     if int((counts > 0).sum()) < 2:
         return None
-    colours = images.float().mean(dim=(2, 3))  # each image's mean colour  [N, 3]
+    # each image's mean colour  [N, 3] (a chunk at a time: a large folder's images as floats need not fit in memory)
+    colours = torch.cat([chunk.float().mean(dim=(2, 3)) for chunk in images.split(1024)])
     order = torch.argsort(labels, stable=True)
     rank = torch.empty(n, dtype=torch.long)  # each image's place among its class's images
     rank[order] = torch.arange(n) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
