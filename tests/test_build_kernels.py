@@ -118,9 +118,7 @@ def test_a_cached_build_without_native_flags_is_loaded_without_compiling_the_nat
 
     ext = LazyExtension("routing_cpu", what="the test kernel", fallback="plain ops")
     monkeypatch.setattr(extension, "is_built", lambda name: "_generic_" in name)
-    monkeypatch.setattr(
-        torch.utils.cpp_extension, "load_inline", lambda *, name, **_: fresh_cache.append(name) or _Module()
-    )
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", lambda *, name, **_: fresh_cache.append(name) or _Module())
     assert ext.usable("auto")
     (name,) = fresh_cache
     assert name.startswith("capsnet_routing_cpu_generic_") and capsys.readouterr().err == ""

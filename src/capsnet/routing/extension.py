@@ -3,12 +3,13 @@
 Each kernel is one C++ file in ``csrc/`` (``routing_cpu.cpp``: dynamic routing; ``inverted_attention_cpu.cpp``:
 inverted dot-product attention routing); the building blocks they share are in ``csrc/routing_common.h``, which is
 spliced into a kernel's text in place of its ``#include "routing_common.h"`` line (`extension_source`). The
-text is compiled with ``torch.utils.cpp_extension.load_inline`` (``-O3 -march=native -fopenmp``, or without
-``-march=native`` if that fails; needs a C++ compiler and ninja) into capsnet's own cache, one folder per build
-(``~/.cache/capsnet/extensions/<name>``, or under ``$CAPSNET_EXTENSIONS``; `extensions_root`). The name
-carries a hash of the whole text and of the build key (`build_key`: the torch version, its CPU/CUDA flavour,
-the Python ABI, the compiler and the CPU model with its instruction-set flags), so two venvs or two torch versions
-on one machine never replace each other's build, a change to a kernel or its header gets a fresh build, and a
+text, written to its build folder, is compiled with ``torch.utils.cpp_extension.load`` (``-O3 -march=native
+-fopenmp``, or without ``-march=native`` if that fails; needs a C++ compiler and ninja) into capsnet's own cache,
+one folder per build (``~/.cache/capsnet/extensions/<name>``, or under ``$CAPSNET_EXTENSIONS``;
+`extensions_root`). The name carries a hash of the whole text and of the build key (`build_key`: the torch
+version, its CPU/CUDA flavour, the Python ABI, the compiler and the CPU model with its instruction-set flags), so
+two venvs or two torch versions on one machine never replace each other's build, a change to a kernel or its
+header gets a fresh build, and a
 cached build is loaded without compiling.
 
 No forward compiles without being asked (docs/benchmarks.md, "No surprise build"). A compilation happens only in
@@ -47,7 +48,7 @@ from types import ModuleType
 import torch
 
 from ..errors import KernelBuildError
-from ..fileio import atomic_write_json
+from ..fileio import atomic_write_bytes, atomic_write_json
 from ..logs import LOGGER
 from .backend import BACKENDS
 from .backend import resolve as resolve_backend
@@ -57,7 +58,7 @@ log = logging.getLogger("capsnet")
 # The line logged (once per process) when "auto" routes with PyTorch because no kernel is built yet.
 NOT_BUILT = (
     "capsnet: the C++ CPU routing kernels are not built, so routing runs on its PyTorch path; "
-    "`capsnet build-kernels` builds them once (about 1-3 min, needs a C++ compiler and ninja) for 4-7x faster "
+    "`capsnet build-kernels` builds them once (about 20-60 s, needs a C++ compiler and ninja) for 4-7x faster "
     "routing on CPUs (CAPSNET_NO_EXT=1 silences this)"
 )
 _NOTED = {"not built": False}
@@ -88,7 +89,7 @@ def build_environment() -> Iterator[None]:
 
 # How long a first build of one kernel took on the development machine (2-core AMD EPYC, shared with other jobs;
 # docs/benchmarks.md), quoted until this machine has timed a build of its own.
-TYPICAL_BUILD = "80-170 s on a 2-core CPU"
+TYPICAL_BUILD = "20-60 s on a 2-core CPU"
 
 
 def extensions_root() -> Path:
@@ -205,7 +206,7 @@ def build_extension(
     of `extensions_root` named by `extension_name`; a build already there is loaded without compiling.
     Before a real compilation, one line on stderr names `notice` (what is built), where, and how long it takes.
     Raises RuntimeError if neither builds. os.environ is left as it was (`build_environment`)."""
-    from torch.utils.cpp_extension import load_inline
+    from torch.utils.cpp_extension import load
 
     source = extension_source(source_path)
     key = build_key() if key is None else key
@@ -224,9 +225,12 @@ def build_extension(
             start = time.perf_counter()
             try:
                 folder.mkdir(parents=True, exist_ok=True)
-                module = load_inline(
+                main = folder / "main.cpp"  # the text as compiled (it includes what it needs: no header is added)
+                if compiles:  # (a build's own main.cpp stays as it was: ninja then finds nothing to do)
+                    atomic_write_bytes(main, source.encode())
+                module = load(
                     name=name,
-                    cpp_sources=[source],
+                    sources=[str(main)],
                     extra_cflags=[*flags, "-fopenmp", "-std=c++17"],
                     extra_ldflags=["-fopenmp"],
                     build_directory=str(folder),

@@ -24,9 +24,13 @@
 // dv_ij from them and forms dL/du_i = W_i dv_i and dL/dW_ij = Σ_b u_bi ⊗ dv_bij, summing over the batch in a fixed
 // order (deterministic, no per-thread copies).
 
-#include <torch/extension.h>
-
+// ATen's tensor, the ATen functions used, and pybind11 with its at::Tensor conversion: the C++ frontend that
+// <torch/extension.h> adds is not used, and leaving it out halves the build (13 s against 33 s for the headers here).
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cmath>

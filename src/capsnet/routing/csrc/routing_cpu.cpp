@@ -19,9 +19,13 @@
 //   dL/du_i = W_i dû_i  and  dL/dW_ij = Σ_b u_bi ⊗ dû_bij,
 // summing over the batch in a fixed order: dL/dW is deterministic and needs no per-thread copies.
 
-#include <torch/extension.h>
-
+// ATen's tensor, the ATen functions used, and pybind11 with its at::Tensor conversion: the C++ frontend that
+// <torch/extension.h> adds is not used, and leaving it out halves the build (13 s against 33 s for the headers here).
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cmath>
