@@ -12,6 +12,7 @@ Every algorithm's weights sum to 1 over the parents (the n_out axis) for each ch
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -95,3 +96,12 @@ def weight_spread(weights: torch.Tensor) -> float:
     max_j |w_ij - 1/n_out|, as a fraction of 1/n_out (0: uniform; n_out - 1: one-hot)."""
     n_out = weights.shape[-1]
     return ((weights.detach().float() - 1.0 / n_out).abs().amax(dim=-1).mean() * n_out).item()
+
+
+def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
+    """The region a routing runs in full precision: autocast turned off where it is on (bf16 training), and no
+    context at all where it is off. So an exported graph (torch.export runs without autocast) holds no autocast
+    region, each of which is a higher-order operator that the ONNX conversion traces again on its own."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()

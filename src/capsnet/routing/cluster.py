@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import RoutingOutput, check_capsules, check_sizes
+from .base import RoutingOutput, autocast_off, check_capsules, check_sizes
 
 VOTES = 8  # K, votes per cluster: the authors' default (main.py --K 8, their CIFAR-10 command)
 
@@ -89,7 +89,7 @@ def cluster_route(votes: torch.Tensor, *, child_dim: int = 1, vote_dim: int = 2)
     other (e.g. bf16 under autocast) in float32: σ² of a few votes loses every digit in bf16."""
     if votes.dtype != torch.float64:
         votes = votes.float()
-    with torch.autocast(device_type=votes.device.type, enabled=False):
+    with autocast_off(votes.device.type):
         s, c = _ClusterRoute.apply(votes, child_dim, vote_dim)
     return s.squeeze(vote_dim).squeeze(child_dim), c.squeeze(vote_dim)
 
@@ -194,7 +194,7 @@ class ClusterRoutingFC(nn.Module):
     def route(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """u [B, I, N] -> (s_j [B, J, D], c_ij [I, B, J, D]); in float64 for float64 u, else in float32."""
         u = u if u.dtype == torch.float64 else u.float()
-        with torch.autocast(device_type=u.device.type, enabled=False):
+        with autocast_off(u.device.type):
             if self.fast and moments_pay(u.shape[0], self.in_d, self.votes):
                 mean, var = cluster_moments(u, self.weight, self.bias)  # μ_ij, σ²_ij  [I, B, J, D]
                 return combine(mean, var, dim=0)

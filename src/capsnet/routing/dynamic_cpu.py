@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from .base import autocast_off
 from .extension import LazyExtension
 
 EXTENSION = LazyExtension("routing_cpu", what="the fused CPU routing kernel", fallback="the PyTorch-op fast path")
@@ -136,5 +137,5 @@ def cpu_dynamic_routing(
     float64 inputs are routed in float64, anything else (e.g. bf16 under autocast) in float32.
     """
     dtype = u.dtype if u.dtype in (torch.float32, torch.float64) else torch.float32
-    with torch.autocast(device_type="cpu", enabled=False):
+    with autocast_off("cpu"):
         return CpuRouting.apply(u.to(dtype), weight.to(dtype), iterations, detach_votes)

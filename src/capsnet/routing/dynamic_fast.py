@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ..nn.squash import squash
+from .base import autocast_off
 
 
 def _squash_backward(s: torch.Tensor, grad_v: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -380,7 +381,7 @@ def fast_dynamic_routing(
     dtype = u.dtype if u.dtype in (torch.float32, torch.float64) else torch.float32
     if chunk is None:
         chunk = default_chunk(u.shape[0], weight.shape[0], weight.shape[1], weight.shape[2], u.device)
-    with torch.autocast(device_type=u.device.type, enabled=False):
+    with autocast_off(u.device.type):
         if bias is not None and detach_votes:
             raise ValueError("fast_dynamic_routing: a bias with detach_votes takes the reference path (Router does)")
         bias = bias.to(dtype) if bias is not None else None

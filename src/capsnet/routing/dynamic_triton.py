@@ -27,6 +27,7 @@ import torch
 from ..errors import ConfigError
 from . import dynamic_cpu
 from .backend import resolve
+from .base import autocast_off
 from .extension import assume_constant_result
 
 TILE = 4096  # elements of a program's largest tile (about 32 fp32 registers per thread at 4 warps)
@@ -301,5 +302,5 @@ def triton_dynamic_routing(
     u [B, in, in_d], W [in, out, in_d, out_d] -> v [B, out, out_d], the final c [B, in, out]. float64 inputs are
     routed in float64, anything else (e.g. bf16 under autocast) in float32."""
     dtype = u.dtype if u.dtype in (torch.float32, torch.float64) else torch.float32
-    with torch.autocast(device_type="cuda", enabled=False):
+    with autocast_off("cuda"):
         return dynamic_cpu.CpuRouting.apply(u.to(dtype), weight.to(dtype), iterations, detach_votes)

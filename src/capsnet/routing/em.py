@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from ..configs.base import FINAL_LAMBDA as FINAL_LAMBDA
+from .base import autocast_off
 
 MIN_VAR = 5e-4  # σ² floor: `min_var` of the official capsule_em code
 DATA_SCALE = 100.0  # Gritzman 2019: Σ_i R'_ij × 100 / (I / J)
@@ -290,7 +291,7 @@ def em_routing(
     bsz, p, j, i = votes.shape[:4]
     opts = _Options((bsz, p, j, i, 16), iterations, final_lambda, min_var, child_index, n_children)
     dtype = routing_dtype(votes)
-    with torch.autocast(device_type=votes.device.type, enabled=False):
+    with autocast_off(votes.device.type):
         a_in = activations.to(dtype).unsqueeze(2)  # a_i  [B, P, 1, I]
         poses, acts, logits, r = _EMRouting.apply(votes.to(dtype), a_in, beta_u, beta_a, opts)
     return EMResult(poses, acts, logits, r)

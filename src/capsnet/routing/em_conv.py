@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .base import autocast_off
 from .em import EMResult, _Options, _route, _route_backward, routing_dtype
 
 CHUNK_BYTES = 192 * 2**20  # U per chunk of images (at least one): 4 images of smallNORB ConvCaps1
@@ -161,7 +162,7 @@ def conv_em_routing(
     if chunk_bytes is None:
         chunk_bytes = CHUNK_BYTES if poses.device.type == "cpu" else GPU_CHUNK_BYTES
     chunk = max(1, min(bsz, chunk_bytes // per_image))
-    with torch.autocast(device_type=poses.device.type, enabled=False):  # (bf16 under autocast: routed in fp32)
+    with autocast_off(poses.device.type):  # (bf16 under autocast: routed in fp32)
         m, a_in = poses.reshape(bsz, p, i, 16).to(dtype), activations.to(dtype).unsqueeze(2)
         poses, acts, logits, r = _ConvEMRouting.apply(m, weight.to(dtype), a_in, beta_u, beta_a, opts, chunk)
     return EMResult(poses, acts, logits, r)

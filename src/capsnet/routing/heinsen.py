@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import RoutingOutput, check_capsules, check_sizes
+from .base import RoutingOutput, autocast_off, check_capsules, check_sizes
 
 P_MODELS = ("gaussian", "skm")
 
@@ -159,7 +159,7 @@ class HeinsenRouting(nn.Module):
         if self.in_caps != -1 and mu.shape[1] != self.in_caps:
             raise ValueError(f"HeinsenRouting expects {self.in_caps} children, got {mu.shape[1]}")
         dtype = torch.float64 if mu.dtype == torch.float64 else torch.float32  # (bf16 under autocast: fp32)
-        with torch.autocast(device_type=mu.device.type, enabled=False):
+        with autocast_off(mu.device.type):
             p_in, mu = p_in.to(dtype), mu.to(dtype)
             beta_use, beta_ign = self.beta_use.to(dtype), self.beta_ign.to(dtype)
             res = generative_routing(

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import RoutingOutput, check_sizes
+from .base import RoutingOutput, autocast_off, check_sizes
 
 
 class HeinsenVectorRouting(nn.Module):
@@ -97,7 +97,7 @@ class HeinsenVectorRouting(nn.Module):
         """u [B, I, in_d]; `a` is not used (network A scores the inputs); mask: bool, broadcastable to [B, I, J],
         True where output j ignores input i. -> x_j [B, J, out_d], or RoutingOutput(x_j, R [B, I, J])."""
         self._check(u, mask)
-        with torch.autocast(device_type=u.device.type, enabled=False):  # (bf16 under autocast: routed in fp32)
+        with autocast_off(u.device.type):  # (bf16 under autocast: routed in fp32)
             x_out, r = self._route(u if u.dtype == torch.float64 else u.float(), mask)
         return RoutingOutput(x_out, r) if return_weights else x_out
 

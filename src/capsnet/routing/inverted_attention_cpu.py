@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .base import autocast_off
 from .extension import LazyExtension
 
 EXTENSION = LazyExtension(
@@ -202,7 +203,7 @@ def cpu_inverted_attention(
     if norm.weight is None or norm.bias is None:
         raise ValueError("cpu_inverted_attention needs a LayerNorm with elementwise affine parameters")
     dtype = u.dtype if u.dtype in (torch.float32, torch.float64) else torch.float32
-    with torch.autocast(device_type="cpu", enabled=False):
+    with autocast_off("cpu"):
         w = weight.to(dtype)
         w = matrix_weight_rows(w) if matrix_pose else w
         p0 = None if parent is None else parent.to(dtype)

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
+from .base import autocast_off
+
 EPS = 1e-8  # as capsnet.routing.self_routing.EPS: keeps the two divisions finite where every activation is 0
 CHUNK_BYTES = 8 << 20  # the [out, chunk, in_d·in] temporaries of a CPU chunk stay at about 8 MiB
 
@@ -163,7 +165,7 @@ def fast_self_routing(
     without forming the votes. float64 inputs run in float64, anything else (e.g. bf16 under autocast) in float32.
     Differentiable once."""
     dtype = u.dtype if u.dtype == torch.float64 else torch.float32
-    with torch.autocast(device_type=u.device.type, enabled=False):
+    with autocast_off(u.device.type):
         u, a = u.to(dtype), a.to(dtype)
         batch, n_in, d_in = u.shape
         n_out = route_weight.shape[2]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .base import autocast_off
 from .matrix_capsules import CapsuleFields, class_votes, field_votes, gather_fields
 from .vb import DEFAULT_PRIOR, MIN_NORMALISER, VBNorm, VBPrior, VBResult, routing_dtype, vb_routing, xavier_bound
 
@@ -79,7 +80,7 @@ class VBConvCaps(CapsuleFields, nn.Module):
         """The VB result [B, P, J, ...] (before VBNorm) and the output grid."""
         _, hh, ww, t, _ = poses.shape
         out_h, out_w, pos, child = self.fields(poses)
-        with torch.autocast(device_type=poses.device.type, enabled=False):  # in float32 (or 64): routing_dtype
+        with autocast_off(poses.device.type):  # in float32 (or 64): routing_dtype
             dtype = routing_dtype(poses)
             m, a = gather_fields(
                 poses.to(dtype), activations.to(dtype), pos, out_h * out_w
@@ -147,7 +148,7 @@ class VBClassCaps(nn.Module):
         b, hh, ww, t, _ = poses.shape
         if t != self.in_types:
             raise ValueError(f"VBClassCaps expects {self.in_types} capsule types, got {t}")
-        with torch.autocast(device_type=poses.device.type, enabled=False):  # in float32 (or 64): routing_dtype
+        with autocast_off(poses.device.type):  # in float32 (or 64): routing_dtype
             dtype = routing_dtype(poses)
             votes = class_votes(poses.to(dtype), self.weight.to(dtype), self.centres)  # [B, 1, J, H·W·T, 16]
             res = vb_routing(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import RoutingOutput, check_capsules, check_sizes, votes
+from .base import RoutingOutput, autocast_off, check_capsules, check_sizes, votes
 from .dynamic import default_weight_std
 from .vb import DEFAULT_PRIOR, VBNorm, VBPrior, routing_dtype, vb_routing
 
@@ -80,7 +80,7 @@ class VBRoutingFC(nn.Module):
         RoutingOutput(m, R [B, in_caps, out_caps], a_j [B, out_caps])."""
         check_capsules("VBRoutingFC", u, self.in_caps, self.in_d, a)
         dtype = routing_dtype(u)
-        with torch.autocast(device_type=u.device.type, enabled=False):  # in float32 (or 64): routing_dtype
+        with autocast_off(u.device.type):  # in float32 (or 64): routing_dtype
             a = u.new_ones(u.shape[:2], dtype=dtype) if a is None else a.to(dtype)
             v = votes(self.weight.to(dtype), u.to(dtype))  # V_ij = W_ij u_i  [B, I, J, d_out]
             # vb_routing's layout: one parent position P = 1, votes [B, 1, J, I, d_out], child activations [B, 1, I]
