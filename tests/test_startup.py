@@ -41,6 +41,17 @@ def test_the_public_api_loads_without_dynamo_or_the_heavy_extras():
     assert done.stdout.strip() == "[]"
 
 
+def test_loading_the_shipped_digit_model_loads_no_dynamo():
+    """Its size check counts parameters on the meta device, where normal_ would import torch._dynamo (1.5 s)."""
+    done = run_python(
+        "import sys, capsnet\n"
+        "model = capsnet.create_model('capsnet', pretrained='mnist-sample')\n"
+        "print(type(model).__name__, 'torch._dynamo' in sys.modules)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "CapsNet False"
+
+
 def test_the_torch_blocker_blocks():
     done = run_python(BLOCK_TORCH + "import capsnet\ncapsnet.CapsNet\n")
     assert done.returncode != 0 and "blocked: torch" in done.stderr

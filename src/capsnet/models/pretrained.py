@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
+from torch.overrides import TorchFunctionMode
 
 from .._version import __version__
 from ..config import from_dict, parse_json, read_text_file, to_dict
@@ -195,11 +196,22 @@ def lightning_hint(path: Path) -> str:
     )
 
 
+class _ShapesOnly(TorchFunctionMode):
+    """normal_ (the tensor method and nn.init's) as a no-op, for a model built on the meta device to count its
+    parameters: the meta form of normal_ lives in torch._refs, whose first use imports torch._dynamo (1.5 s of each
+    process that loads a model)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.normal_ or func is torch.nn.init.normal_:
+            return args[0] if args else (kwargs or {})["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
 def check_model_size(target: type, config: Any, where: str) -> None:
     """ConfigError if the model `config` describes has more than MAX_PARAMETERS parameters; counted on PyTorch's
     meta device (shapes, no memory), before the model is built for real."""
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _ShapesOnly():
             count = sum(p.numel() for p in target(config=config).parameters())
     except (ValueError, TypeError, RuntimeError, ConfigError) as e:
         raise ConfigError(f"{where}: does not describe a {target.__name__} ({e})") from None
