@@ -35,9 +35,9 @@ CARD = {
 }
 
 
-def tiny(name: str):
+def tiny(name: str, **options):
     torch.manual_seed(0)
-    return create_model(name, **{**INPUT, **TINY.get(name, {})})
+    return create_model(name, **{**INPUT, **TINY.get(name, {}), **options})
 
 
 @pytest.fixture
