@@ -14,8 +14,19 @@ from capsnet.data.datasets import load_dataset
 from capsnet.errors import CheckpointError, ConfigError
 from capsnet.models.recipe import model_input
 
-lightning = pytest.importorskip("lightning")
-from capsnet.lightning import CapsuleModule  # noqa: E402  (after the skip: the module needs Lightning)
+
+@pytest.fixture(scope="module")
+def lightning():
+    """Lightning, imported where a test uses it: at collection, each pytest worker would import it (3 s)."""
+    return pytest.importorskip("lightning")
+
+
+@pytest.fixture(scope="module")
+def CapsuleModule(lightning):
+    """capsnet.lightning.CapsuleModule (the module imports Lightning)."""
+    from capsnet.lightning import CapsuleModule
+
+    return CapsuleModule
 
 
 def _loaders(n_train: int = 300, n_val: int = 100):
@@ -28,7 +39,7 @@ def _loaders(n_train: int = 300, n_val: int = 100):
     )
 
 
-def _trainer(tmp_path, **kw):
+def _trainer(lightning, tmp_path, **kw):
     checkpoint = lightning.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val_acc", mode="max")
     return lightning.Trainer(
         max_epochs=1,
@@ -44,13 +55,13 @@ def _trainer(tmp_path, **kw):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, lightning, CapsuleModule):
     tmp = tmp_path_factory.mktemp("lightning")
     torch.manual_seed(0)
     model = create_model("capsnet", **SMALL_MODEL)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     module = CapsuleModule(model, augment="shift=2")
-    trainer = _trainer(tmp)
+    trainer = _trainer(lightning, tmp)
     train, val = _loaders()
     trainer.fit(module, train, val)
     return tmp, trainer, module, before, val
@@ -71,7 +82,7 @@ def test_one_epoch_trains_every_parameter_and_logs_the_models_own_metrics(traine
 
 
 @pytest.mark.slow
-def test_the_checkpoint_reloads_alone_and_scores_the_same(trained, tmp_path):
+def test_the_checkpoint_reloads_alone_and_scores_the_same(trained, tmp_path, lightning, CapsuleModule):
     _, trainer, module, _, val = trained
     path = trainer.checkpoint_callback.best_model_path
     assert path.endswith(".ckpt")
@@ -91,7 +102,7 @@ def test_the_checkpoint_reloads_alone_and_scores_the_same(trained, tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`")  # (a step called outside a Trainer)
-def test_the_module_takes_any_registered_model_and_refuses_anything_else():
+def test_the_module_takes_any_registered_model_and_refuses_anything_else(CapsuleModule):
     baseline = CapsuleModule(create_model("baseline", channels=(8, 8), hidden=(32, 16)))
     images, labels = torch.randint(0, 256, (4, 1, 28, 28), dtype=torch.uint8), torch.tensor([0, 1, 2, 3])
     loss = baseline.training_step((images, labels), 0)
