@@ -9,6 +9,7 @@ imports them. No import cycle anywhere, and no façade: every import names the m
 """
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -206,6 +207,12 @@ def test_no_import_cycle_anywhere_in_the_package():
     assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """The syntax tree of the file at `path`, parsed once (the facade check reads each module many times)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def top_level_names(module: str) -> set[str]:
     """The names `module` binds at its top level (functions, classes, assignments), imports excluded."""
     names: set[str] = set()
@@ -224,7 +231,7 @@ def top_level_names(module: str) -> set[str]:
                 for handler in getattr(node, "handlers", []):
                     walk(handler.body)
 
-    walk(ast.parse(MODULES[module].read_text(encoding="utf-8")).body)
+    walk(parsed(MODULES[module]).body)
     return names
 
 
@@ -232,7 +239,7 @@ def sibling_imports(module: str) -> dict[str, str]:
     """{name: the module of the same package it was imported from} for `module`'s top-level `from . import` names."""
     package = module.rpartition(".")[0]
     found = {}
-    for node in ast.parse(MODULES[module].read_text(encoding="utf-8")).body:
+    for node in parsed(MODULES[module]).body:
         if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
             target = f"{package}.{node.module}"
             found.update({(a.asname or a.name): target for a in node.names if target in MODULES})
@@ -245,7 +252,7 @@ def facade_imports(sources: dict[str, Path]) -> list[str]:
     found = []
     for where, path in sources.items():
         package = where.rpartition(".")[0] if where in MODULES and path.name != "__init__.py" else where
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed(path)):
             if not isinstance(node, ast.ImportFrom):
                 continue
             base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
