@@ -3,11 +3,13 @@
 results/trainability.csv.
 
     python benchmarks/trainability.py [--models capsnet,deepcaps] [--cases shapes,textures] [--seeds 3]
-        [--epochs 10] [--results results] [--work DIR]
+        [--epochs 10] [--option NAME=VALUE ...] [--results results] [--work DIR]
 
 Each case is written once as train/ and test/ class folders of PNG files under --work; each run holds out its
 validation split from train/, chooses best/ on it (val_loss), and scores test/ once. The row gives every seed's
-test accuracy of best/. tests/test_trainability.py holds the same cases to a stated accuracy in `make test`.
+test accuracy of best/. `--option` sets a field of the model's config (what `capsnet train --p-model skm` sets):
+the row's config names it, and its runs have a folder of their own. tests/test_trainability.py holds the same
+cases to a stated accuracy in `make test`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+from capsnet.config import from_dict
 from capsnet.data.synthetic import CASES, SUITE_EPOCHS, write_case
 from capsnet.experiments.zoo import cpu_name, git_commit
 from capsnet.models.registry import MODELS
@@ -33,17 +37,42 @@ def case_folder(case: str, work: Path) -> Path:
     return write_case(case, work / case)
 
 
-def recorded(model: str, case: str, seed: int, *, work: Path) -> tuple[int, str]:
-    """(the passes over the training images an epoch of that run took, its augmentation): both unset in the run's
-    command and chosen from the data (capsnet.training.config.MIN_EPOCH_STEPS, capsnet.data.colour), as its
-    config.json records them."""
-    meta = json.loads((work / "runs" / case / model / f"seed-{seed}" / "config.json").read_text())
+def option(text: str) -> tuple[str, Any]:
+    """ "p-model=skm" -> ("p_model", "skm"): the value is JSON where it parses, else a string."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    try:
+        return name.strip().replace("-", "_"), json.loads(value)
+    except json.JSONDecodeError:
+        return name.strip().replace("-", "_"), value
+
+
+def label(options: dict[str, Any]) -> str:
+    """The options as `capsnet train` flags ("--p-model skm"), or "defaults"."""
+    return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in options.items()) or "defaults"
+
+
+def run_folder(model: str, case: str, seed: int, options: dict[str, Any], *, work: Path) -> Path:
+    """runs/CASE/MODEL/seed-N at the model's defaults; runs/CASE/MODEL/FLAGS/seed-N with options."""
+    folder = work / "runs" / case / model
+    if options:
+        folder /= label(options).lstrip("-").replace(" --", "-").replace(" ", "-")
+    return folder / f"seed-{seed}"
+
+
+def recorded(folder: Path) -> tuple[int, str]:
+    """(the passes over the training images an epoch of the run in `folder` took, its augmentation): both unset in
+    the run's command and chosen from the data (capsnet.training.config.MIN_EPOCH_STEPS, capsnet.data.colour), as
+    its config.json records them."""
+    meta = json.loads((folder / "config.json").read_text())
     return int(meta["train"].get("epoch_repeats") or 1), str(meta.get("augment", "?"))
 
 
-def run(model: str, case: str, seed: int, *, epochs: int, work: Path) -> float:
-    """Test accuracy of best/ of one `capsnet train --dataset FOLDER --model MODEL --seed SEED` run."""
-    out = work / "runs" / case / model / f"seed-{seed}"
+def run(model: str, case: str, seed: int, options: dict[str, Any], *, epochs: int, work: Path) -> float:
+    """Test accuracy of best/ of one `capsnet train --dataset FOLDER --model MODEL --seed SEED` run (with the
+    model config's `options`)."""
+    out = run_folder(model, case, seed, options, work=work)
     folder = case_folder(case, work)
     resume = (out / "state.pt").is_file()
     config = TrainConfig(
@@ -56,19 +85,22 @@ def run(model: str, case: str, seed: int, *, epochs: int, work: Path) -> float:
         tensorboard=False,
         resume=resume,
     )
-    accuracy = train(config).best_test_acc
+    model_config = from_dict(MODELS[model].config_class, options, what=f"--model {model}") if options else None
+    accuracy = train(config, model_config).best_test_acc
     if accuracy is None:
         raise RuntimeError(f"{out}: the run ended without a test figure")
     return accuracy
 
 
-def case_row(model: str, case: str, *, epochs: int, seeds: int) -> Row:
+def case_row(model: str, case: str, options: dict[str, Any], *, epochs: int, seeds: int) -> Row:
     """The row of one model on one case, before its accuracies."""
     n_train, n_test = CASES[case].n_train, CASES[case].n_test
     n_classes = len(CASES[case].classes)
     n_val = round(0.1 * n_classes * n_train)  # TrainConfig's val_fraction
+    flags = "".join(f" --option {k}={json.dumps(v)}" for k, v in options.items())
     return Row(
         model=model,
+        config=label(options),
         benchmark=f"trainability:{case}",
         protocol="capsnet train --dataset FOLDER at the model's defaults; best/ on val_loss, test/ scored once",
         train_images=n_classes * n_train - n_val,
@@ -77,7 +109,7 @@ def case_row(model: str, case: str, *, epochs: int, seeds: int) -> Row:
         epochs=epochs,
         cpu=cpu_name(),
         commit=git_commit(),
-        command=f"python benchmarks/trainability.py --models {model} --cases {case} --seeds {seeds}",
+        command=f"python benchmarks/trainability.py --models {model} --cases {case} --seeds {seeds}{flags}",
     )
 
 
@@ -87,6 +119,7 @@ def main() -> int:
     p.add_argument("--cases", default=",".join(CASES), help=f"comma list of {', '.join(CASES)}")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=SUITE_EPOCHS)
+    p.add_argument("--option", type=option, action="append", default=[], help="NAME=VALUE of the model's config")
     p.add_argument("--results", default="results", help="the results data folder")
     p.add_argument("--work", default=None, help="where the case folders and runs go (default: a temporary folder)")
     args = p.parse_args()
@@ -98,12 +131,14 @@ def main() -> int:
         return 2
     work = Path(args.work or tempfile.mkdtemp(prefix="capsnet-trainability-"))
     seeds = list(range(args.seeds))
+    options = dict(args.option)
     for case in cases:
         for model in models:
             start = time.perf_counter()
-            accuracies = [100 * run(model, case, s, epochs=args.epochs, work=work) for s in seeds]
-            row = with_accuracies(case_row(model, case, epochs=args.epochs, seeds=args.seeds), seeds, accuracies)
-            chosen = [recorded(model, case, s, work=work) for s in seeds]
+            accuracies = [100 * run(model, case, s, options, epochs=args.epochs, work=work) for s in seeds]
+            row = case_row(model, case, options, epochs=args.epochs, seeds=args.seeds)
+            row = with_accuracies(row, seeds, accuracies)
+            chosen = [recorded(run_folder(model, case, s, options, work=work)) for s in seeds]
             repeats, augment = sorted({r for r, _ in chosen}), sorted({a for _, a in chosen})
             note = f"{'/'.join(map(str, repeats))} passes over the training images an epoch"
             note += f"; augment {'/'.join(augment)}"

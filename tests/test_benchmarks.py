@@ -69,3 +69,30 @@ def test_routing_activity_missing_checkpoint_one_line(tmp_path):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in r.stderr
+
+
+def _trainability():
+    """benchmarks/trainability.py as a module."""
+    import importlib.util
+
+    path = SCRIPT.parent / "trainability.py"
+    spec = importlib.util.spec_from_file_location("trainability_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_trainability_option_names_its_row_its_command_and_its_runs(tmp_path):
+    script = _trainability()
+    options = dict([script.option("p-model=skm"), script.option("routing_iterations=2")])
+    assert options == {"p_model": "skm", "routing_iterations": 2}
+    row = script.case_row("heinsen-capsnet", "shapes", options, epochs=10, seeds=3)
+    assert row.config == "--p-model skm --routing-iterations 2"
+    assert row.command.endswith('--seeds 3 --option p_model="skm" --option routing_iterations=2')
+    assert script.case_row("heinsen-capsnet", "shapes", {}, epochs=10, seeds=3).config == "defaults"
+    runs = tmp_path / "runs" / "shapes" / "heinsen-capsnet"
+    assert script.run_folder("heinsen-capsnet", "shapes", 1, {}, work=tmp_path) == runs / "seed-1"
+    folder = script.run_folder("heinsen-capsnet", "shapes", 1, options, work=tmp_path)
+    assert folder == runs / "p-model-skm-routing-iterations-2" / "seed-1"
+    with pytest.raises(Exception, match="expected NAME=VALUE"):
+        script.option("p_model")
