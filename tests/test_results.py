@@ -88,3 +88,17 @@ def test_a_benchmark_table_lists_every_model_without_a_row_with_its_command():
     lines = table.splitlines()[2:]
     assert len(lines) == 2 and lines[0].startswith("| `capsnet` |")
     assert lines[1] == "| `baseline` | 35,445,522 | 10 | — | — | not measured yet | — | — | `cmd b` |"
+
+
+def test_the_trainability_table_gives_a_setting_other_than_the_defaults_its_own_line():
+    from capsnet.results_tables import trainability_table
+
+    def row(config: str, accuracies: list[float]) -> Row:
+        base = Row(model="heinsen-capsnet", config=config, benchmark="trainability:shapes", epochs=10)
+        return with_accuracies(base, list(range(len(accuracies))), accuracies)
+
+    lines = trainability_table([row("defaults", [33.0]), row("--p-model skm", [86.0, 90.0])]).splitlines()[2:]
+    assert lines == [
+        "| `heinsen-capsnet` | 33.00% (1 seed, 10 ep.) |",
+        "| `heinsen-capsnet` `--p-model skm` | 88.00 ± 2.83% (2 seeds, 10 ep.) |",
+    ]

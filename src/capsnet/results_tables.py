@@ -175,10 +175,14 @@ def cost_table(rows: list[Row]) -> str:
 
 
 def trainability_table(rows: list[Row]) -> str:
+    """A line per model at its defaults, and one per other setting measured (its flags after the name)."""
     cases = sorted({r.benchmark.removeprefix("trainability:") for r in rows})
-    cell = {(r.model, r.benchmark.removeprefix("trainability:")): r for r in rows}
-    models = list(dict.fromkeys(r.model for r in rows))
-    lines = [[f"`{m}`", *(_pct(cell.get((m, c))) for c in cases)] for m in models]
+    cell = {(r.model, r.config, r.benchmark.removeprefix("trainability:")): r for r in rows}
+    entries = list(dict.fromkeys((r.model, r.config) for r in rows))
+    lines = [
+        [f"`{m}`" if c == "defaults" else f"`{m}` `{c}`", *(_pct(cell.get((m, c, case))) for case in cases)]
+        for m, c in entries
+    ]
     return _table(["model", *(f"{c}, test %" for c in cases)], lines, "l" + "r" * len(cases))
 
 
