@@ -98,11 +98,12 @@ def case_row(model: str, case: str, options: dict[str, Any], *, epochs: int, see
     n_classes = len(CASES[case].classes)
     n_val = round(0.1 * n_classes * n_train)  # TrainConfig's val_fraction
     flags = "".join(f" --option {k}={json.dumps(v)}" for k, v in options.items())
+    setting = f"with {label(options)}" if options else "at the model's defaults"
     return Row(
         model=model,
         config=label(options),
         benchmark=f"trainability:{case}",
-        protocol="capsnet train --dataset FOLDER at the model's defaults; best/ on val_loss, test/ scored once",
+        protocol=f"capsnet train --dataset FOLDER {setting}; best/ on val_loss, test/ scored once",
         train_images=n_classes * n_train - n_val,
         val_images=n_val,
         test_images=n_classes * n_test,

@@ -88,6 +88,7 @@ def test_a_trainability_option_names_its_row_its_command_and_its_runs(tmp_path):
     assert options == {"p_model": "skm", "routing_iterations": 2}
     row = script.case_row("heinsen-capsnet", "shapes", options, epochs=10, seeds=3)
     assert row.config == "--p-model skm --routing-iterations 2"
+    assert row.protocol.startswith("capsnet train --dataset FOLDER with --p-model skm --routing-iterations 2;")
     assert row.command.endswith('--seeds 3 --option p_model="skm" --option routing_iterations=2')
     assert script.case_row("heinsen-capsnet", "shapes", {}, epochs=10, seeds=3).config == "defaults"
     runs = tmp_path / "runs" / "shapes" / "heinsen-capsnet"
