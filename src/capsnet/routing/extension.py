@@ -9,8 +9,7 @@ one folder per build (``~/.cache/capsnet/extensions/<name>``, or under ``$CAPSNE
 `extensions_root`). The name carries a hash of the whole text and of the build key (`build_key`: the torch
 version, its CPU/CUDA flavour, the Python ABI, the compiler and the CPU model with its instruction-set flags), so
 two venvs or two torch versions on one machine never replace each other's build, a change to a kernel or its
-header gets a fresh build, and a
-cached build is loaded without compiling.
+header gets a fresh build, and a cached build is loaded without compiling.
 
 No forward compiles without being asked (docs/benchmarks.md, "No surprise build"). A compilation happens only in
 `LazyExtension.build` (``capsnet build-kernels``, `capsnet.routing.kernels.build_kernels`) or under the
