@@ -23,8 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from capsnet.config import from_dict
+from capsnet.config import from_dict, parse_option
 from capsnet.data.synthetic import CASES, SUITE_EPOCHS, write_case
+from capsnet.errors import ConfigError
 from capsnet.experiments.zoo import cpu_name, git_commit
 from capsnet.models.registry import MODELS
 from capsnet.results import Row, with_accuracies, write_rows
@@ -38,14 +39,11 @@ def case_folder(case: str, work: Path) -> Path:
 
 
 def option(text: str) -> tuple[str, Any]:
-    """ "p-model=skm" -> ("p_model", "skm"): the value is JSON where it parses, else a string."""
-    name, sep, value = text.partition("=")
-    if not sep or not name.strip():
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    """`capsnet.config.parse_option` ("p-model=skm" -> ("p_model", "skm")), as an argparse type."""
     try:
-        return name.strip().replace("-", "_"), json.loads(value)
-    except json.JSONDecodeError:
-        return name.strip().replace("-", "_"), value
+        return parse_option(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def label(options: dict[str, Any]) -> str:
@@ -133,6 +131,12 @@ def main() -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="capsnet-trainability-"))
     seeds = list(range(args.seeds))
     options = dict(args.option)
+    try:  # every model's config takes the options, checked before anything trains
+        for model in models:
+            from_dict(MODELS[model].config_class, options, what=f"--model {model}")
+    except ConfigError as e:
+        print(f"trainability: error: {e}", file=sys.stderr)
+        return 2
     for case in cases:
         for model in models:
             start = time.perf_counter()

@@ -97,3 +97,12 @@ def test_a_trainability_option_names_its_row_its_command_and_its_runs(tmp_path):
     assert folder == runs / "p-model-skm-routing-iterations-2" / "seed-1"
     with pytest.raises(Exception, match="expected NAME=VALUE"):
         script.option("p_model")
+
+
+def test_a_trainability_option_no_model_takes_is_one_line_and_exit_2():
+    script = SCRIPT.parent / "trainability.py"
+    argv = [sys.executable, str(script), "--models", "capsnet", "--cases", "shapes", "--option", "no_such=1"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("trainability: error: ") and "no_such" in line

@@ -144,6 +144,19 @@ def parse_json(text: str, path: str | Path) -> Any:
         raise ConfigError(f"{path}: nested too deeply to be a config file") from None
 
 
+def parse_option(text: str) -> tuple[str, Any]:
+    """ "conv-channels=16" -> ("conv_channels", 16): a NAME=VALUE option of a model's config, the value JSON where
+    it parses, else a string. ConfigError without a name and an "="."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"expected NAME=VALUE, got {text!r}")
+    name = key.strip().replace("-", "_")
+    try:
+        return name, parse_json(value, "--option")
+    except ConfigError:
+        return name, value
+
+
 def _yaml_has_alias(yaml: Any, text: str) -> bool:
     """Whether the YAML `text` uses an alias (`*name`): the billion-laughs expansion needs them, a config never
     does. Scanned token by token, before anything is built; a malformed text is left to the parser's message."""

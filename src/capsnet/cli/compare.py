@@ -15,7 +15,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from ..config import add_field_argument, field_default, parse_json
+from ..config import add_field_argument, field_default, parse_option
 from ..configs.routings import fully_connected
 from ..errors import ConfigError
 from ..training.config import TrainConfig
@@ -44,15 +44,11 @@ def _names(text: str) -> list[str]:
 
 
 def _option(text: str) -> tuple[str, Any]:
-    """ "conv-channels=16" -> ("conv_channels", 16): the value is JSON where it parses, else a string."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    name = key.strip().replace("-", "_")
+    """`capsnet.config.parse_option`, as an argparse type."""
     try:
-        return name, parse_json(value, "--option")
-    except ConfigError:
-        return name, value
+        return parse_option(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def register(subparsers) -> None:
