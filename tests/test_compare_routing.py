@@ -96,6 +96,7 @@ def test_compare_options_go_to_the_entries_whose_config_has_them():
     (["--routings", "em", "--option", "class_dim=8"], "--class-dim 16"),
     (["--routings", "dynamic", "--epochs", "0"], "epochs must be >= 1"),
     (["--models", "baseline", "--infer-batch", "0"], "--infer-batch must be >= 1"),
+    (["--models", "baseline", "--infer-seconds", "0"], "--infer-seconds must be > 0"),
 ])  # fmt: skip
 def test_compare_bad_input_is_one_line_and_exit_2_before_anything_trains(tmp_path, capsys, argv, message):
     code = main(["compare", *argv, "--out", str(tmp_path / "cmp")])
@@ -141,7 +142,8 @@ def test_a_tiny_compare_writes_rows_that_agree_with_its_runs(tmp_path, capsys):
                "channels=[8,8]", "hidden=[32,16]"]  # fmt: skip
     argv = ["compare", "--routings", "dynamic,self-routing", "--models", "baseline", "--epochs", "1",
             "--train-subset", "48", "--test-subset", "24", "--batch-size", "16", "--device", "cpu",
-            "--out", str(out), "--infer-batch", "8", *(a for o in options for a in ("--option", o))]  # fmt: skip
+            "--out", str(out), "--infer-batch", "8", "--infer-seconds", "0.05",
+            *(a for o in options for a in ("--option", o))]  # fmt: skip
     assert main(argv) == 0
     rows = {r.config.split()[1] if r.model == "capsnet" else r.model: r for r in read_rows(out / "results.csv")}
     assert set(rows) == {"dynamic", "self-routing", "baseline"}

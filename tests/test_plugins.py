@@ -73,7 +73,8 @@ def test_an_installed_plugin_trains_evaluates_compares_and_reloads(tmp_path):
     options = [f"--option={o}" for o in ("conv_channels=16", "primary_types=4", "primary_dim=4", "class_dim=6",
                                          "decoder_hidden=[32,64]", "hidden=16")]  # fmt: skip
     compared = capsnet("compare", "--routings", "uniform,dynamic", "--models", "tiny-net", *QUICK[:-2], *options,
-                       "--out", str(tmp_path / "compare"), "--infer-batch", "8", site=site)  # fmt: skip
+                       "--out", str(tmp_path / "compare"), "--infer-batch", "8", "--infer-seconds", "0.05",
+                       site=site)  # fmt: skip
     assert compared.returncode == 0, compared.stderr[-3000:]
     rows = {row.config.split(" --")[0]: row for row in read_rows(tmp_path / "compare" / "results.csv")}
     assert set(rows) == {"--routing uniform", "--routing dynamic", "--hidden 16"}

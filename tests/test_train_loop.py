@@ -4,6 +4,7 @@ per-device defaults, CUDA random states in checkpoints and compile (torchrun: te
 import pytest
 import torch
 from helpers import small_config, small_model_config
+from safetensors.torch import load_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from capsnet.models.baseline import BaselineCNN, BaselineConfig
@@ -101,11 +102,17 @@ def test_bf16_and_channels_last_training_runs(tmp_path):
 
 @pytest.mark.slow
 def test_compiled_training_equals_eager(tmp_path):
+    """`compile=True` (inductor, on the CPU; tests/test_devices.py compiles a step on CUDA) trains as eager does: the
+    epoch's losses and accuracies, and the weights its steps leave (so the compiled gradients are eager's)."""
     torch._dynamo.reset()
     eager = train(_run_config(tmp_path, "eager", train_subset=64), small_config())
     compiled = train(_run_config(tmp_path, "compiled", train_subset=64, compile=True), small_config())
     for key in ("train_loss", "train_acc", "val_loss", "val_acc"):
         assert compiled.history[0][key] == pytest.approx(eager.history[0][key], rel=1e-4, abs=1e-5), key
+    weights = [load_file(str(tmp_path / run / "last" / "model.safetensors")) for run in ("eager", "compiled")]
+    assert weights[0].keys() == weights[1].keys()
+    for name, w in weights[0].items():
+        assert torch.allclose(weights[1][name], w, rtol=1e-5, atol=1e-6), name  # (3e-8 apart at most here)
 
 
 def test_recon_weight_zero_skips_the_decoder_in_training():

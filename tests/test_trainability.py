@@ -2,7 +2,7 @@
 --dataset FOLDER` trains it, on the synthetic `shapes` case (capsnet.data.synthetic: 3 classes of coloured shapes,
 32×32 RGB, 100 training images each).
 
-Every model trains on a third of it for an epoch without getting stuck (no stuck line: capsnet.training.stuck)
+Every model trains on a tenth of it for an epoch without getting stuck (no stuck line: capsnet.training.stuck)
 and with finite losses. What each model reaches in the suite's 10 epochs is a benchmark, not a test
 (benchmarks/trainability.py, results/trainability.csv): at the edge of learning the set, a run's figure moves with
 the CPU's arithmetic (self-routing-capsnet, seed 0: 94.67% with one thread, 38.33% with two). Why most models do
@@ -29,13 +29,13 @@ def shapes(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small_shapes(tmp_path_factory):
-    """The case drawn as 30 training and 10 test images per class (the same generator, a third of the images)."""
+    """The case drawn as 10 training and 4 test images per class (the same generator, a tenth of the images)."""
     root = tmp_path_factory.mktemp("trainability") / "small-shapes"
-    return write_folder(make_case("shapes", n_per_class=30, n_test_per_class=10, seed=0), root)
+    return write_folder(make_case("shapes", n_per_class=10, n_test_per_class=4, seed=0), root)
 
 
 def _train(model: str, folder, out, epochs: int, capsys) -> str:
-    # One pass an epoch: at its defaults a run repeats these 81 images to 200 steps an epoch (MIN_EPOCH_STEPS), and
+    # One pass an epoch: at its defaults a run repeats these 27 images to 200 steps an epoch (MIN_EPOCH_STEPS), and
     # two such epochs of ten models are the benchmark's time, not a test's; what the check reads is the same.
     argv = ["train", "--dataset", str(folder), "--model", model, "--epochs", str(epochs), "--seed", "0"]
     argv += ["--epoch-repeats", "1", "--out", str(out), "--device", "cpu", "--no-progress", "--no-tensorboard"]

@@ -15,7 +15,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from ..config import add_field_argument, field_default, parse_option
+from ..config import add_field_argument, field_default, finite_float, parse_option
 from ..configs.routings import fully_connected
 from ..errors import ConfigError
 from ..training.config import TrainConfig
@@ -103,6 +103,12 @@ def register(subparsers) -> None:
     )
     p.add_argument("--out", default=DEFAULT_OUT, help=f"folder of the runs and reports (default: {DEFAULT_OUT})")
     p.add_argument("--infer-batch", type=int, default=100, help="batch of the batched inference speed (default: 100)")
+    p.add_argument(
+        "--infer-seconds",
+        type=finite_float,
+        default=1.0,
+        help="how long each inference speed is timed, at least three passes (default: 1)",
+    )
     p.set_defaults(func=run)
 
 
@@ -111,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.infer_batch < 1:
         raise ConfigError(f"--infer-batch must be >= 1, got {args.infer_batch}")
+    if args.infer_seconds <= 0:
+        raise ConfigError(f"--infer-seconds must be > 0, got {args.infer_seconds}")
     settings = train_settings({name: getattr(args, name) for name in SHARED})
     found = entries(args.routings, args.models, dict(args.option))
     Path(args.out).mkdir(parents=True, exist_ok=True)  # (a path that cannot be a folder: one line, nothing trained)
@@ -126,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         out=args.out,
         command=command,
         infer_batch=args.infer_batch,
+        infer_seconds=args.infer_seconds,
         echo=lambda line: print(line, flush=True),
     )
     if rows:

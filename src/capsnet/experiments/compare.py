@@ -33,6 +33,7 @@ from .measure import RESULT_PREFIX
 
 RESULTS_NAME, TABLE_NAME = "results.csv", "compare.md"
 INFER_BATCH = 100  # the batch of the batched inference speed
+INFER_SECONDS = 1.0  # how long each inference speed is timed (at least three passes)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,14 @@ def train_settings(shared: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_entry(
-    entry: Entry, seed: int, *, settings: dict[str, Any], out: Path, infer_batch: int, echo: Callable[[str], None]
+    entry: Entry,
+    seed: int,
+    *,
+    settings: dict[str, Any],
+    out: Path,
+    infer_batch: int,
+    infer_seconds: float = INFER_SECONDS,
+    echo: Callable[[str], None],
 ) -> dict[str, Any]:
     """Train and measure `entry` with `seed` in a fresh process; its measurement (capsnet.experiments.measure).
     ConfigError with the child's last error line if it fails."""
@@ -119,7 +127,13 @@ def run_entry(
         "tensorboard": False,
         "resume": (folder / "state.pt").is_file(),
     }
-    spec = {"model": entry.model, "overrides": entry.overrides, "train": train, "infer_batch": infer_batch}
+    spec = {
+        "model": entry.model,
+        "overrides": entry.overrides,
+        "train": train,
+        "infer_batch": infer_batch,
+        "infer_seconds": infer_seconds,
+    }
     argv = [sys.executable, "-m", "capsnet.experiments.measure", json.dumps(spec)]
     result = None
     with tempfile.TemporaryFile("w+") as stderr:  # (a file: a pipe read only at the end could fill and block it)
@@ -188,6 +202,7 @@ def compare(
     out: str | Path,
     command: str,
     infer_batch: int = INFER_BATCH,
+    infer_seconds: float = INFER_SECONDS,
     echo: Callable[[str], None] = print,
 ) -> tuple[list[Row], list[str]]:
     """Train and measure every entry with every seed; write OUT/results.csv (merged by key) and OUT/compare.md
@@ -198,7 +213,8 @@ def compare(
     benchmark = str(settings.get("dataset", TrainConfig.__dataclass_fields__["dataset"].default))
     for entry in found:
         try:
-            runs = [run_entry(entry, s, settings=settings, out=out, infer_batch=infer_batch, echo=echo) for s in seeds]
+            timing = {"infer_batch": infer_batch, "infer_seconds": infer_seconds}
+            runs = [run_entry(entry, s, settings=settings, out=out, **timing, echo=echo) for s in seeds]
         except ConfigError as e:
             failed.append(str(e))
             echo(f"failed: {e}")

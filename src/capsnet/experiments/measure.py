@@ -2,14 +2,15 @@
 
     python -m capsnet.experiments.measure SPEC_JSON
 
-SPEC is {"model", "overrides" (model config fields), "train" (TrainConfig fields), "infer_batch"}. The run trains
-with capsnet.training (best/ chosen on the validation split, the test split scored once), then best/ is measured:
+SPEC is {"model", "overrides" (model config fields), "train" (TrainConfig fields), "infer_batch", "infer_seconds"}.
+The run trains with capsnet.training (best/ chosen on the validation split, the test split scored once), then best/
+is measured:
 
 - test accuracy: the run's test.json (best/ on the test split, scored once);
 - accuracy on the same test images under one fixed random affine transform (capsnet.data.augment.AFFINE_TEST, as
   `capsnet reproduce zoo` measures it), which training never saw beyond its shifts;
 - trainable parameters; training images/s (the mean over epochs); inference images/s at batch 1 and at
-  `infer_batch` (eval mode, no gradients, inputs prepared beforehand);
+  `infer_batch` (eval mode, no gradients, inputs prepared beforehand), each timed for `infer_seconds`;
 - peak memory in MiB: on CUDA torch.cuda.max_memory_allocated over the process, on CPU the process's maximum
   resident set (training included);
 - routing spread: how far the class capsules' routing weights move from uniform (capsnet.routing.base.weight_spread,
@@ -75,7 +76,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     n_train = min(len(train_split), config.train_subset or len(train_split)) - (
         validation.get("n", 0) if held_out else 0
     )
-    batch = int(spec.get("infer_batch", 100))
+    batch, seconds = int(spec.get("infer_batch", 100)), float(spec.get("infer_seconds", 1.0))
     return {
         "test_acc": result.best_test_acc,
         "affine_acc": evaluate(model, affine_split(test), batch_size=config.eval_batch_size, device=device)["accuracy"],
@@ -88,8 +89,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "batch_size": recorded["train"]["batch_size"],
         "precision": config.precision,
         "train_img_s": sum(r["images_per_s"] for r in result.history) / max(1, len(result.history)),
-        "infer_img_s_b1": inference_speed(model, test, 1, device),
-        "infer_img_s_batch": inference_speed(model, test, batch, device),
+        "infer_img_s_b1": inference_speed(model, test, 1, device, seconds),
+        "infer_img_s_batch": inference_speed(model, test, batch, device, seconds),
         "infer_batch": batch,
         "peak_mem_mb": peak_memory_mb(device),
         "routing_spread": routing_spread(model, test, device),
