@@ -213,8 +213,18 @@ def compare(
     benchmark = str(settings.get("dataset", TrainConfig.__dataclass_fields__["dataset"].default))
     for entry in found:
         try:
-            timing = {"infer_batch": infer_batch, "infer_seconds": infer_seconds}
-            runs = [run_entry(entry, s, settings=settings, out=out, **timing, echo=echo) for s in seeds]
+            runs = [
+                run_entry(
+                    entry,
+                    s,
+                    settings=settings,
+                    out=out,
+                    infer_batch=infer_batch,
+                    infer_seconds=infer_seconds,
+                    echo=echo,
+                )
+                for s in seeds
+            ]
         except ConfigError as e:
             failed.append(str(e))
             echo(f"failed: {e}")
