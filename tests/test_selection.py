@@ -68,7 +68,16 @@ def test_an_ema_decay_outside_0_1_is_one_line_and_exit_2(tmp_path, rgb, capsys, 
     assert len(err) == 1 and "ema must be a decay in (0, 1)" in err[0], err
 
 
-@pytest.mark.parametrize("spec", ["val_loss", "val_accuracy", "val_accuracy,val_loss", None])
+# `make check` trains the default (None: val_loss) and val_accuracy; `make test` all four
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param("val_loss", marks=pytest.mark.slow),
+        "val_accuracy",
+        pytest.param("val_accuracy,val_loss", marks=pytest.mark.slow),
+        None,
+    ],
+)
 def test_best_is_what_the_monitor_picks_from_the_history_and_test_json_says_so(tmp_path, rgb, spec):
     flags = ["--monitor", spec] if spec else []
     assert _train(tmp_path / "run", rgb, "--epochs", "3", *flags) == 0
