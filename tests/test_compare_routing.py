@@ -13,12 +13,13 @@ import torch
 from helpers import small_config
 
 from capsnet import CapsNet, load_pretrained
-from capsnet.cli import main
+from capsnet.cli import build_parser, main
 from capsnet.configs.routings import fully_connected
 from capsnet.data import Split, load_dataset
 from capsnet.data.augment import affine_test_images
 from capsnet.data.scaling import channel_stats
-from capsnet.experiments import measure
+from capsnet.errors import ConfigError
+from capsnet.experiments import compare, measure
 from capsnet.experiments.compare import entries
 from capsnet.models.baseline import BaselineCNN
 from capsnet.models.recipe import model_input
@@ -127,6 +128,22 @@ def test_the_affine_test_images_are_seeded_moved_and_keep_labels_and_statistics(
     assert moved.images.dtype == torch.uint8 and torch.equal(moved.images, again.images)
     assert (moved.images != split.images).float().mean() > 0.05 and torch.equal(moved.labels, split.labels)
     assert moved.channel_stats == split.channel_stats
+
+
+def test_the_inference_timing_options_reach_each_entrys_measurement(tmp_path, monkeypatch, capsys):
+    seen = []
+
+    def record(entry, seed, **settings):
+        seen.append(settings)
+        raise ConfigError("recorded")  # (nothing trains: the entry fails, and compare says so)
+
+    monkeypatch.setattr(compare, "run_entry", record)
+    argv = ["compare", "--models", "baseline", "--infer-batch", "4", "--infer-seconds", "0.25"]
+    assert main([*argv, "--out", str(tmp_path / "cmp")]) == 1
+    assert [(s["infer_batch"], s["infer_seconds"]) for s in seen] == [(4, 0.25)]
+    assert "recorded" in capsys.readouterr().err
+    defaults = build_parser(["compare"]).parse_args(["compare"])  # the flags' defaults are the measurement's
+    assert (defaults.infer_batch, defaults.infer_seconds) == (measure.INFER_BATCH, measure.INFER_SECONDS)
 
 
 def test_inference_speed_counts_images_per_second():

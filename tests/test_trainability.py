@@ -29,7 +29,7 @@ def shapes(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small_shapes(tmp_path_factory):
-    """The case drawn as 10 training and 4 test images per class (the same generator, a tenth of the images)."""
+    """The case drawn as 10 training and 4 test images per class (the same generator; the case has 100 of each)."""
     root = tmp_path_factory.mktemp("trainability") / "small-shapes"
     return write_folder(make_case("shapes", n_per_class=10, n_test_per_class=4, seed=0), root)
 

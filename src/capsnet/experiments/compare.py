@@ -29,11 +29,9 @@ from ..models.registry import MODELS
 from ..results import Row, accuracy_stats, with_accuracies, write_rows
 from ..training.config import TrainConfig
 from ..training.hardware import resolve_device
-from .measure import RESULT_PREFIX
+from .measure import INFER_BATCH, INFER_SECONDS, RESULT_PREFIX
 
 RESULTS_NAME, TABLE_NAME = "results.csv", "compare.md"
-INFER_BATCH = 100  # the batch of the batched inference speed
-INFER_SECONDS = 1.0  # how long each inference speed is timed (at least three passes)
 
 
 @dataclass(frozen=True)

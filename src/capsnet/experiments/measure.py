@@ -49,6 +49,8 @@ from ..training.hardware import resolve_device
 from .zoo import cpu_name, git_commit
 
 RESULT_PREFIX = "capsnet-compare-result: "
+INFER_BATCH = 100  # the batch of the batched inference speed
+INFER_SECONDS = 1.0  # how long each inference speed is timed (at least three passes)
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -76,7 +78,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     n_train = min(len(train_split), config.train_subset or len(train_split)) - (
         validation.get("n", 0) if held_out else 0
     )
-    batch, seconds = int(spec.get("infer_batch", 100)), float(spec.get("infer_seconds", 1.0))
+    batch, seconds = int(spec.get("infer_batch", INFER_BATCH)), float(spec.get("infer_seconds", INFER_SECONDS))
     return {
         "test_acc": result.best_test_acc,
         "affine_acc": evaluate(model, affine_split(test), batch_size=config.eval_batch_size, device=device)["accuracy"],
@@ -124,7 +126,7 @@ def _inputs(model: torch.nn.Module, split: Split, n: int, device: torch.device) 
 
 @torch.no_grad()
 def inference_speed(
-    model: torch.nn.Module, split: Split, batch: int, device: torch.device, seconds: float = 1.0
+    model: torch.nn.Module, split: Split, batch: int, device: torch.device, seconds: float = INFER_SECONDS
 ) -> float:
     """Images per second of `model`'s forward at `batch` in eval mode: two warm-up passes, then passes for about
     `seconds` (at least three)."""
