@@ -198,6 +198,7 @@ def _three_digits(n: int, *, offset: int = 0) -> TensorDataset:
     return TensorDataset(test.images[keep], test.labels[keep])
 
 
+@pytest.mark.slow
 def test_fine_tuning_a_shipped_weight_to_three_classes_with_fit(tmp_path, capsys):
     shipped = load_file(resolve_ref("efficient-capsnet:mnist-sample") / "model.safetensors")
     model = capsnet.create_model("efficient-capsnet", pretrained="mnist-sample", n_classes=3)

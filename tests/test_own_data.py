@@ -265,6 +265,7 @@ def test_unset_repeats_lengthen_only_a_small_epoch_of_ones_own_data():
     assert resolve_epoch_repeats(2, steps=steps(60000, 16), own_data=False) == 2
 
 
+@pytest.mark.slow
 def test_a_folder_run_records_its_repeats_says_so_once_and_resumes_with_them(tmp_path, capsys):
     from helpers import small_config
 

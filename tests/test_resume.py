@@ -43,6 +43,7 @@ def _rows(run: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in ("seconds", "images_per_s")} for r in read_summary(run)]
 
 
+@pytest.mark.slow
 def test_resume_without_repeating_the_flags_continues_the_same_run(tmp_path, rgb, capsys):
     assert _train(tmp_path / "whole", rgb, "--epochs", "2") == 0
     assert _train(tmp_path / "run", rgb, "--epochs", "1") == 0
