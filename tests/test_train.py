@@ -1,4 +1,4 @@
-"""`capsnet train` and capsnet.training.train end to end: a run's outputs, resume, Adam and the schedule, checkpoint
+"""`capsnet train` and capsnet.training.api.train end to end: a run's outputs, resume, Adam and the schedule, checkpoint
 writes under kills and SIGTERM, config files and model flags, and bad input as one line and exit status 2."""
 
 import json
