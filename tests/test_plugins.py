@@ -1,7 +1,8 @@
 """A plugin distribution, installed from a temporary folder, used from the command line: docs/plugins.md's plugin
 (its module and pyproject.toml, copied from the page) is `pip install`ed into a folder on PYTHONPATH; its routing
 and its model appear in `capsnet models`, train for one epoch, evaluate, are compared beside a built-in routing, and
-reload from their run folders; where the plugin is not installed, each reload is one line that names it."""
+reload from their run folders; where the plugin is not installed (the test's own interpreter), each reload is one
+line that names it."""
 
 import json
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import SMALL_FLAGS
 
+from capsnet.cli import main
 from capsnet.results import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +49,7 @@ def capsnet(*argv: str, site: Path | None) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_an_installed_plugin_trains_evaluates_compares_and_reloads(tmp_path):
+def test_an_installed_plugin_trains_evaluates_compares_and_reloads(tmp_path, capsys):
     site = install_docs_plugin(tmp_path)
     listed = capsnet("models", site=site)
     assert listed.returncode == 0, listed.stderr
@@ -65,10 +67,11 @@ def test_an_installed_plugin_trains_evaluates_compares_and_reloads(tmp_path):
         config = json.loads((tmp_path / name / "best" / "config.json").read_text(encoding="utf-8"))
         assert config["plugins"] == ["capsnet-toy 0.1.0"]
 
-        missing = capsnet("evaluate", "--checkpoint", str(tmp_path / name), site=None)
-        assert missing.returncode == 2 and missing.stdout == ""
-        assert missing.stderr.count("\n") == 1 and f"'{name}'" in missing.stderr
-        assert "capsnet-toy 0.1.0" in missing.stderr
+        capsys.readouterr()  # here, in the test's own interpreter, the plugin is not installed
+        assert main(["evaluate", "--checkpoint", str(tmp_path / name)]) == 2
+        missing = capsys.readouterr()
+        assert missing.out == "" and missing.err.count("\n") == 1 and f"'{name}'" in missing.err
+        assert "capsnet-toy 0.1.0" in missing.err
 
     options = [f"--option={o}" for o in ("conv_channels=16", "primary_types=4", "primary_dim=4", "class_dim=6",
                                          "decoder_hidden=[32,64]", "hidden=16")]  # fmt: skip
