@@ -18,6 +18,8 @@ import functools
 import importlib.util
 import os
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -453,6 +455,26 @@ def test_os_errors_and_running_out_of_gpu_memory_are_one_line(monkeypatch, capsy
     monkeypatch.setattr(evaluate_module, "evaluate_checkpoint", several_lines)
     assert main(["evaluate", "--checkpoint", str(files["good"])]) == 2
     assert capsys.readouterr().err == "capsnet evaluate: error: first line second line\n"
+
+
+def test_a_reader_that_goes_ends_the_command_quietly_and_another_broken_pipe_is_one_line(monkeypatch, capsys, files):
+    """`capsnet models | head -1`: stdout's reader gone is status 141 (128 + SIGPIPE) and nothing on stderr; a
+    broken pipe of the command's own (an upload's socket) while stdout is fine is an error line."""
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader has gone before the first line
+    code = "import sys; from capsnet.cli import main; sys.exit(main(['models', '--json']))"
+    done = subprocess.run([sys.executable, "-c", code], stdout=writer, stderr=subprocess.PIPE, text=True, timeout=300)
+    os.close(writer)
+    assert (done.returncode, done.stderr) == (141, "")
+
+    from capsnet import inference as evaluate_module
+
+    def socket_gone(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(evaluate_module, "evaluate_checkpoint", socket_gone)
+    assert main(["evaluate", "--checkpoint", str(files["good"])]) == 2
+    assert capsys.readouterr().err == "capsnet evaluate: error: [Errno 32] Broken pipe\n"
 
 
 def test_evaluate_on_auto_device_runs_where_there_is_no_gpu(files, capsys):

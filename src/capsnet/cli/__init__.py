@@ -5,7 +5,8 @@ status 2 (`input_error_line`): an error capsnet raises on purpose (`CapsNetError
 or written (`OSError`, with its path and the system's words: "Permission denied", "No space left on device"),
 running out of memory (host or GPU), text that does not decode, and an image past Pillow's decompression-bomb guard.
 Any other exception is a bug and keeps its traceback. With `CAPSNET_DEBUG=1` in the environment every error prints
-its whole traceback too. Ctrl-C ends with status 130.
+its whole traceback too. Ctrl-C ends with status 130, and a reader of stdout that goes (`capsnet models | head -1`)
+ends the command quietly with status 141, as a shell's SIGPIPE would.
 
 May import: anything in capsnet (it is the top layer); nothing in capsnet imports cli.
 """
@@ -130,6 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"capsnet {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError as e:
+        if not _stdout_closed():  # (a pipe of the command's own, such as an upload's socket: an input error)
+            return _error(args.command, os_error_line(e))
+        return 141  # the reader of stdout has gone (`capsnet models | head -1`): stop without a word, as 128 + SIGPIPE
     except Exception as e:
         line = input_error_line(e)
         if line is None:  # a bug: its traceback
@@ -137,6 +142,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debugging():
             traceback.print_exc()
         return _error(args.command, line)
+
+
+def _stdout_closed() -> bool:
+    """Whether the reader of stdout has gone (a closed pipe); if so, stdout is pointed at os.devnull, so that the
+    interpreter's last flush at exit writes nowhere rather than reporting the closed pipe again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):  # (no file behind it: pytest's capture, a StringIO)
+        return False
+    try:
+        sys.stdout.flush()
+        closed = _reader_gone(fd)
+    except BrokenPipeError:
+        closed = True
+    if closed:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    return closed
+
+
+def _reader_gone(fd: int) -> bool:
+    """Whether the pipe `fd` writes to has no reader left (poll's POLLERR on its write end); True where there is no
+    poll (Windows), since the broken pipe is then most likely stdout's."""
+    import select
+
+    if not hasattr(select, "poll"):
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
 DEBUG_ENV = "CAPSNET_DEBUG"
