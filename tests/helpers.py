@@ -24,9 +24,11 @@ SMALL_FLAGS = [
 ]
 
 # A tinier CapsNet for the run-folder tests (resume, selection, the folder's owner), on 16x16 RGB images
-# (write_rgb) as `capsnet train` flags; QUIET_FLAGS keeps such runs on the CPU without bars or TensorBoard.
+# (write_rgb) as `capsnet train` flags, one pass an epoch (on data of one's own a run otherwise repeats its images
+# to CapsNet's 400 steps an epoch, which none of these tests needs); QUIET_FLAGS keeps such runs on the CPU without
+# bars or TensorBoard.
 TINY_RUN_FLAGS = ["--conv-channels", "8", "--primary-types", "2", "--primary-dim", "4", "--class-dim", "4",
-                  "--decoder-hidden", "16", "16", "--kernel-size", "5"]  # fmt: skip
+                  "--decoder-hidden", "16", "16", "--kernel-size", "5", "--epoch-repeats", "1"]  # fmt: skip
 QUIET_FLAGS = ["--device", "cpu", "--no-progress", "--no-tensorboard"]
 
 

@@ -156,6 +156,8 @@ def test_single_folder_run_is_evaluated_on_its_own_held_out_split(tmp_path, caps
         "0.34",
         "--epochs",
         "1",
+        "--epoch-repeats",
+        "1",
         "--batch-size",
         "6",
         "--conv-channels",

@@ -21,9 +21,10 @@ from capsnet.errors import ConfigError, RunFolderError
 from capsnet.models.capsnet import CapsNet
 from capsnet.models.deepcaps import DeepCaps
 from capsnet.models.efficient_capsnet import EfficientCapsNet
+from capsnet.models.registry import MODELS
 from capsnet.routing.dynamic import coherent_vote_lr
 from capsnet.training.checkpoint import load_state, read_summary
-from capsnet.training.config import resolve_epoch_repeats
+from capsnet.training.config import MIN_EPOCH_STEPS, min_epoch_steps, resolve_epoch_repeats
 from capsnet.training.distributed import DistInfo
 from capsnet.training.evaluator import evaluate_batches
 from capsnet.training.stuck import memorising, memorising_line, run_stuck_line
@@ -192,28 +193,38 @@ def _tiny_capsnet(**kw) -> CapsNet:
 
 def test_a_datasets_classes_name_the_models_classes(tmp_path, capsys):
     model = _tiny_capsnet()
-    capsnet.fit(model, Named(12), epochs=1, out=tmp_path / "run", batch_size=6, **QUIET)
+    capsnet.fit(model, Named(12), epochs=1, out=tmp_path / "run", batch_size=6, epoch_repeats=1, **QUIET)
     assert model.config.class_names == ("circle", "square", "triangle")
     saved = json.loads((tmp_path / "run" / "best" / "config.json").read_text())
     assert saved["config"]["class_names"] == ["circle", "square", "triangle"]
     with pytest.raises(capsnet.errors.DatasetError, match="names 3 classes, the CapsNet has 4"):
         capsnet.fit(CapsNet(conv_channels=8, primary_types=2, primary_dim=4, class_dim=4, n_classes=4, decoder=False),
-                    Named(12), epochs=1, out=tmp_path / "other", batch_size=6, **QUIET)  # fmt: skip
+                    Named(12), epochs=1, out=tmp_path / "other", batch_size=6, epoch_repeats=1, **QUIET)  # fmt: skip
     assert not (tmp_path / "other").exists()
 
 
 def test_overwrite_starts_a_finished_run_afresh_and_only_when_asked(tmp_path, capsys):
     run = tmp_path / "run"
-    capsnet.fit(_tiny_capsnet(), Named(12), epochs=1, out=run, batch_size=6, **QUIET)
+    capsnet.fit(_tiny_capsnet(), Named(12), epochs=1, out=run, batch_size=6, epoch_repeats=1, **QUIET)
     first = (run / "state.pt").read_bytes()
     with pytest.raises(RunFolderError, match="already holds a run"):
-        capsnet.fit(_tiny_capsnet(), Named(12), epochs=1, out=run, batch_size=6, **QUIET)
+        capsnet.fit(_tiny_capsnet(), Named(12), epochs=1, out=run, batch_size=6, epoch_repeats=1, **QUIET)
     assert (run / "state.pt").read_bytes() == first  # refused: nothing touched
     (run / "notes.txt").write_text("mine")  # a run's folder: all of it goes with the run
-    capsnet.fit(_tiny_capsnet(), Named(12), epochs=2, out=run, batch_size=6, overwrite=True, **QUIET)
+    capsnet.fit(_tiny_capsnet(), Named(12), epochs=2, out=run, batch_size=6, epoch_repeats=1, overwrite=True, **QUIET)
     assert [r["epoch"] for r in read_summary(run)] == [1.0, 2.0] and not (run / "notes.txt").exists()
     with pytest.raises(ConfigError, match="overwrite deletes the run that resume would continue"):
-        capsnet.fit(_tiny_capsnet(), Named(12), epochs=3, out=run, batch_size=6, overwrite=True, resume=True, **QUIET)
+        capsnet.fit(
+            _tiny_capsnet(),
+            Named(12),
+            epochs=3,
+            out=run,
+            batch_size=6,
+            epoch_repeats=1,
+            overwrite=True,
+            resume=True,
+            **QUIET,
+        )
 
 
 def test_overwrite_never_deletes_a_folder_that_is_not_a_run(tmp_path):
@@ -230,7 +241,9 @@ def test_the_note_says_default_only_of_what_the_user_left_unset(tmp_path, capsys
     out = capsys.readouterr().out
     assert "lr 0.001 (CapsNet's default for its size; set lr= to change)" in out
     assert "batch size 16 per process (the cpu default; set batch_size= to change)" in out
-    capsnet.fit(_tiny_capsnet(), Named(12), epochs=1, out=tmp_path / "b", lr=3e-4, batch_size=6,
+    # 11 training examples (1 held out) at 16: 581 passes are 6,391 examples, CapsNet's 400 steps (580: 399)
+    assert "epoch: 581 passes over the training images, 400 steps (at least 400 on data of one's own; set " in out
+    capsnet.fit(_tiny_capsnet(), Named(12), epochs=1, out=tmp_path / "b", lr=3e-4, batch_size=6, epoch_repeats=1,
                 **{**QUIET, "progress": True})  # fmt: skip
     out = capsys.readouterr().out
     assert "default" not in out
@@ -263,6 +276,23 @@ def test_unset_repeats_lengthen_only_a_small_epoch_of_ones_own_data():
     assert resolve_epoch_repeats(None, steps=steps(5400, 120), own_data=False) == 1  # a recorded recipe's set
     assert resolve_epoch_repeats(2, steps=steps(270, 16), own_data=True) == 2  # given: as given
     assert resolve_epoch_repeats(2, steps=steps(60000, 16), own_data=False) == 2
+    # a model's own fewest steps (its own_data_epoch_steps): 24 passes of 17 steps make 405
+    assert resolve_epoch_repeats(None, steps=steps(270, 16), own_data=True, min_steps=400) == 24
+
+
+def test_a_model_may_set_its_own_fewest_steps_an_epoch():
+    class Own(torch.nn.Module):
+        own_data_epoch_steps = 50
+
+    assert min_epoch_steps(Own) == 50
+    assert min_epoch_steps(torch.nn.Module) == MIN_EPOCH_STEPS  # a module of one's own: the loop's
+    for bad in (0, -5, 2.5, True, "400"):
+        Own.own_data_epoch_steps = bad
+        with pytest.raises(ConfigError, match=r"Own.own_data_epoch_steps is .*: need a whole number, 1 or more"):
+            min_epoch_steps(Own)
+    for name, cls in MODELS.items():  # every registered model's is a whole number of steps at least the loop's
+        steps = min_epoch_steps(cls)
+        assert isinstance(steps, int) and steps >= MIN_EPOCH_STEPS, name
 
 
 @pytest.mark.slow
@@ -279,17 +309,19 @@ def test_a_folder_run_records_its_repeats_says_so_once_and_resumes_with_them(tmp
     config = TrainConfig(dataset=str(folder), epochs=1, batch_size=12, out=str(run), **QUIET)
     train(config, small_config(kernel_size=5))
     out = capsys.readouterr().out
-    # 36 training images (4 held out) at 12 are 3 steps a pass: 67 passes make 201 steps
-    assert out.count("epoch: 67 passes over the training images, 201 steps") == 1 and "--epoch-repeats" in out
+    # 36 training images (4 held out) at 12 are 3 steps a pass: 134 passes make CapsNet's 400 steps (402)
+    assert CapsNet.own_data_epoch_steps == 400
+    assert out.count("epoch: 134 passes over the training images, 402 steps (at least 400") == 1
+    assert "--epoch-repeats" in out
     # the shapes' colours are random: the colour augmentation joins the shifts, and one line says why
     assert out.count("augment: shift=2,colour, since the training images' mean colours do not tell") == 1
     meta = json.loads((run / "config.json").read_text())
-    assert meta["train"]["epoch_repeats"] == 67 and load_state(run)["step"] == 201
+    assert meta["train"]["epoch_repeats"] == 134 and load_state(run)["step"] == 402
     assert meta["train"]["augment"] == "auto" and meta["augment"] == "shift=2,colour"
     assert main(["train", "--out", str(run), "--resume", "--epochs", "2", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "passes over" not in out and "augment:" not in out  # (the run's own, recorded: nothing chosen)
-    assert load_state(run)["step"] == 402
+    assert load_state(run)["step"] == 804
 
 
 def test_the_sample_keeps_one_pass_and_an_iterable_cannot_repeat(tmp_path, capsys):

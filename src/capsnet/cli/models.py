@@ -50,6 +50,7 @@ def model_rows(failed: list[str] | None = None) -> list[dict]:
     `failed`), its parameters counted on the default (the paper's) configuration."""
     from ..models.hub import shipped_tags
     from ..models.registry import MODELS
+    from ..training.config import min_epoch_steps
 
     problems = MODELS.load_plugins()
     if failed is not None:
@@ -70,6 +71,7 @@ def model_rows(failed: list[str] | None = None) -> list[dict]:
                 "paper": getattr(cls, "paper", "-"),
                 "designed_for": getattr(cls, "designed_for", "-"),
                 "default_lr": cls.default_lr,
+                "own_data_epoch_steps": min_epoch_steps(cls),
                 "aliases": MODELS.aliases(name),
                 "weights": shipped_tags(name),
                 "plugin": MODELS.plugin(name),

@@ -46,6 +46,9 @@ class Pretrained(_ModuleBase):
     config_class: ClassVar[type]
     model_type: ClassVar[str]
     default_lr: ClassVar[float]
+    # The fewest optimizer steps an epoch of one's own data (an image folder, a .npz, a Dataset) takes when the run
+    # leaves epoch_repeats unset; None: the training loop's (capsnet.training.config.MIN_EPOCH_STEPS).
+    own_data_epoch_steps: ClassVar[int | None] = None
     # Values for config keys a saved config.json may lack because it was written before they existed: the ones that
     # rebuild the model it was saved from (the dataclass defaults describe the current, paper layout).
     saved_defaults: ClassVar[dict[str, Any]] = {}

@@ -6,8 +6,8 @@ decorator `@register_model` on its class, under the name its config has in `caps
 and `capsnet.models` imports every model module, so that importing anything in capsnet.models fills the registry.
 A model of one's own registers with `register_model(NAME, Class)` (or `@register_model(NAME)`). Its class names
 its config dataclass (`config_class`), the `model_type` its saved config.json records (an alias of NAME when it
-differs, so both load), its default learning rate (`default_lr`), and `paper` / `designed_for` for
-`capsnet models`.
+differs, so both load), its default learning rate (`default_lr`), optionally its fewest steps an epoch on data of
+one's own (`own_data_epoch_steps`), and `paper` / `designed_for` for `capsnet models`.
 
 A model of another installed distribution registers through an entry point in the group `capsnet.models`
 (capsnet.plugins), which names the model class: it is registered under the entry point's name the first time that

@@ -42,7 +42,7 @@ from ..models.recipe import recipe_of
 from . import distributed as dist_utils
 from .build import Run, assemble, build
 from .checkpoint import model_name
-from .config import FitConfig, TrainConfig, TrainResult
+from .config import FitConfig, TrainConfig, TrainResult, min_epoch_steps
 from .hardware import rank_device, resolve_device
 from .loader import LoaderTask
 from .loop import run_loop
@@ -139,10 +139,10 @@ def fit(
     `val_data` chooses best/; without it a Dataset gives a seeded, stratified `val_fraction` of its examples
     (`val_seed`), and an iterable gives none (best/ is then chosen on `test_data`, or on the training loss).
     `test_data` is scored once, at the end, on best/ and last/ (test.json). `epoch_repeats`: passes over a Dataset in
-    one epoch; unset, the fewest that make an epoch at least 200 steps (capsnet.training.config.MIN_EPOCH_STEPS: a
-    small set's epochs are otherwise too few steps for the per-epoch learning-rate decay). `batch_size` (per
-    process; default 16 on CPU, 128 on CUDA) and `workers` (DataLoader processes) apply to a Dataset; an iterable
-    batches for itself.
+    one epoch; unset, the fewest that make an epoch at least 200 steps, or the model's `own_data_epoch_steps`
+    (capsnet.training.config.min_epoch_steps: a small set's epochs are otherwise too few steps for the per-epoch
+    learning-rate decay). `batch_size` (per process; default 16 on CPU, 128 on CUDA) and `workers` (DataLoader
+    processes) apply to a Dataset; an iterable batches for itself.
     `lr` defaults to the model's (1e-3 for a module of one's own); the learning rate decays each epoch by `lr_decay`,
     or down to lr × `lr_end` in the last epoch; with neither, by the model's `default_lr_decay` where it has one,
     else to lr × 0.25. Giving both is a ConfigError. `monitor` chooses best/ (capsnet.training.selection: "val_loss",
@@ -271,6 +271,7 @@ def _make_run(config: FitConfig, model: nn.Module, task: LoaderTask, device: tor
         model_settings=to_dict(model_config) if model_config is not None else None,
         flag="resume=True",
         batches=task.source.indexed,
+        min_epoch_steps=min_epoch_steps(type(model)),
     )
     try:
         torch.manual_seed(opened.config.seed)  # dropout and the rest of the run's random numbers

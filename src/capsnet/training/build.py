@@ -27,7 +27,7 @@ from ..models.registry import MODELS
 from . import distributed as dist_utils
 from . import runfolder
 from .classification import ClassificationTask
-from .config import FitConfig, TrainConfig
+from .config import FitConfig, TrainConfig, min_epoch_steps
 from .ema import WeightAverage
 from .tasks import Task
 
@@ -79,6 +79,7 @@ def build(config: TrainConfig, model_config, device: torch.device, dist, task: T
         dist,
         make_task=lambda settled: task if task is not None else ClassificationTask.from_config(settled),
         model_settings=to_dict(model_config),
+        min_epoch_steps=min_epoch_steps(model_class),
     )
     try:
         return _build_model(opened, model_config, device, dist)

@@ -22,6 +22,17 @@ LR_END = 0.25  # the last epoch's share of the learning rate when neither a deca
 MIN_EPOCH_STEPS = 200
 
 
+def min_epoch_steps(model_class: Any) -> int:
+    """The fewest optimizer steps an epoch of one's own data takes for a model of `model_class`: its
+    `own_data_epoch_steps` where it sets one (capsnet.models.pretrained.Pretrained), else MIN_EPOCH_STEPS."""
+    steps = getattr(model_class, "own_data_epoch_steps", None)
+    if steps is None:
+        return MIN_EPOCH_STEPS
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"{model_class.__name__}.own_data_epoch_steps is {steps!r}: need a whole number, 1 or more")
+    return steps
+
+
 @dataclass(kw_only=True)
 class LoopConfig:
     """How the training loop runs, shared by `capsnet train` (TrainConfig) and `capsnet.fit` (FitConfig); recorded as
@@ -34,7 +45,8 @@ class LoopConfig:
         metadata={
             "help": f"passes over the training images in one epoch (timm's --epoch-repeats); unset: 1 on a data "
             f"set with a recorded recipe (MNIST, the sample, CIFAR, ...), and on an image folder, a .npz or a "
-            f"Dataset of one's own the fewest that make an epoch {MIN_EPOCH_STEPS} steps or more"
+            f"Dataset of one's own the fewest that make an epoch {MIN_EPOCH_STEPS} steps or more (some models more: "
+            f"own_data_epoch_steps in `capsnet models --json`)"
         },
     )
     batch_size: int | None = field(
@@ -262,24 +274,28 @@ def check_schedule(lr: float | None, lr_decay: float | None, lr_end: float | Non
         raise ConfigError("need lr > 0, 0 < lr_decay <= 1 and 0 < lr_end <= 1")
 
 
-def resolve_epoch_repeats(given: int | None, *, steps: Callable[[int], int] | None, own_data: bool) -> int:
+def resolve_epoch_repeats(
+    given: int | None, *, steps: Callable[[int], int] | None, own_data: bool, min_steps: int = MIN_EPOCH_STEPS
+) -> int:
     """LoopConfig.epoch_repeats as a number: `given` if set; else, on one's own data whose epoch of r passes takes
-    `steps(r)` optimizer steps, the fewest passes that make MIN_EPOCH_STEPS steps; else 1."""
+    `steps(r)` optimizer steps, the fewest passes that make `min_steps` steps (the model's: `min_epoch_steps`);
+    else 1."""
     if given is not None:
         return given
     if not own_data or steps is None or steps(1) == 0:
         return 1
-    repeats = -(-MIN_EPOCH_STEPS // steps(1))  # (a lower bound: a pass's last batch may be a partial one)
-    while steps(repeats) < MIN_EPOCH_STEPS:
+    repeats = -(-min_steps // steps(1))  # (a lower bound: a pass's last batch may be a partial one)
+    while steps(repeats) < min_steps:
         repeats += 1
     return repeats
 
 
 def settle_epoch_repeats(
-    config: Any, task: Any, *, world_size: int, flag: str = "--epoch-repeats"
+    config: Any, task: Any, *, world_size: int, flag: str = "--epoch-repeats", min_steps: int = MIN_EPOCH_STEPS
 ) -> tuple[Any, str | None]:
     """(the config with epoch_repeats a number, set on `task` too; the line announcing one chosen for the user,
-    else None). ConfigError for repeats given to a task whose data cannot repeat (an iterable of batches)."""
+    else None), at least `min_steps` steps an epoch on one's own data. ConfigError for repeats given to a task whose
+    data cannot repeat (an iterable of batches)."""
     given = config.epoch_repeats
     if not task.repeatable:
         if given is not None and given > 1:
@@ -292,12 +308,12 @@ def settle_epoch_repeats(
         task.repeats = repeats
         return task.num_batches(batch_size=batch_size, world_size=world_size)
 
-    repeats = resolve_epoch_repeats(given, steps=steps, own_data=task.own_data)
+    repeats = resolve_epoch_repeats(given, steps=steps, own_data=task.own_data, min_steps=min_steps)
     note = None
     if given is None and repeats > 1:
         note = (
             f"epoch: {repeats} passes over the training images, {steps(repeats)} steps (at least "
-            f"{MIN_EPOCH_STEPS} on data of one's own; set {flag} to change)"
+            f"{min_steps} on data of one's own; set {flag} to change)"
         )
     task.repeats = repeats
     return dataclasses.replace(config, epoch_repeats=repeats), note

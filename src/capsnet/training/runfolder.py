@@ -40,7 +40,7 @@ from ..logs import LOGGER
 from ..models.inputs import DATA_FIELDS, image_hw
 from ..models.registry import MODELS
 from .checkpoint import STATE_NAME, load_state
-from .config import FitConfig, TrainConfig, settle_epoch_repeats
+from .config import MIN_EPOCH_STEPS, FitConfig, TrainConfig, settle_epoch_repeats
 from .hardware import device_settings
 from .record import (
     FIT_TASK,
@@ -81,11 +81,13 @@ def open_run(
     model_settings: dict[str, Any] | None = None,
     flag: str = "--resume",
     batches: bool = True,
+    min_epoch_steps: int = MIN_EPOCH_STEPS,
 ) -> OpenedRun:
     """Open the run folder `config.out` in the order the module docstring gives. `make_task(config)` makes the
     task from the settled config and `check_task(config, task)` checks it; `model_settings` are the model options
     a fresh run compares with a recorded run's. `flag` names the resume switch in messages ("--resume" or
-    "resume=True"); `batches`: whether the run batches at `batch_size` (then a default batch size is announced)."""
+    "resume=True"); `batches`: whether the run batches at `batch_size` (then a default batch size is announced);
+    `min_epoch_steps`: an epoch's fewest steps on one's own data (capsnet.training.config.min_epoch_steps)."""
     notes: list[tuple[str, int]] = []  # (what was chosen for the user, said once the data is known to fit)
     config = resumed_settings(config, flag=flag)  # (capsnet.training.record)
     config = device_settings(config, device, flag=flag, batches=batches, notes=notes)  # (hardware)
@@ -100,7 +102,9 @@ def open_run(
     try:
         # (after the claim, which compares the settings given with a recorded run's, not the repeats derived)
         named = "--epoch-repeats" if flag.startswith("--") else "epoch_repeats="
-        config, note = settle_epoch_repeats(config, task, world_size=dist.world_size, flag=named)  # (config)
+        config, note = settle_epoch_repeats(
+            config, task, world_size=dist.world_size, flag=named, min_steps=min_epoch_steps
+        )  # (config)
         if note and dist.is_main:
             LOGGER.info(note)
         if config.resume:
