@@ -161,7 +161,9 @@ def test_shipped_weights_load_offline_by_tag(weights_root, capsys):
     rows = {r["model"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
     assert rows["capsnet"]["weights"] == ["mnist-sample"] and rows["baseline"]["weights"] == []
     assert rows["baseline"]["aliases"] == ["baseline-cnn"]
-    assert rows["capsnet"]["own_data_epoch_steps"] == 400 and rows["baseline"]["own_data_epoch_steps"] == 200
+    assert rows["baseline"]["own_data_epoch_steps"] == 200
+    for name in ("capsnet", "inverted-attention-capsnet", "vb-capsnet"):  # (docs/training.md says why)
+        assert rows[name]["own_data_epoch_steps"] == 400, name
     assert main(["models"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].endswith("weights (--pretrained NAME:TAG)") and table[1].split()[0] == "capsnet"
