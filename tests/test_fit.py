@@ -136,7 +136,7 @@ def test_fit_a_capsnet_model_on_uint8_images(tmp_path):
     data = Stripes(64, uint8=True)
     val = Stripes(30, seed=2, uint8=True)
     result = capsnet.fit(model, data, val_data=val, test_data=Stripes(30, seed=1, uint8=True), epochs=1,
-                         out=tmp_path / "run", batch_size=16, **QUIET)  # fmt: skip
+                         epoch_repeats=1, out=tmp_path / "run", batch_size=16, **QUIET)  # fmt: skip
     meta = json.loads((tmp_path / "run" / "config.json").read_text())
     assert meta["validation"] == {"source": "given", "n": 30} and meta["model"]["n_classes"] == 3
     assert meta["train"]["model"] == "capsnet" and meta["train"]["lr"] == capsnet.CapsNet.default_lr

@@ -227,7 +227,7 @@ def test_fine_tuning_a_shipped_weight_to_three_classes_with_fit(tmp_path, capsys
     assert [n for n, p in probe.named_parameters() if p.grad is None or not bool(p.grad.abs().sum() > 0)] == []
 
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    capsnet.fit(model, train, val_data=val, epochs=1, out=tmp_path / "run", batch_size=8, **QUIET)
+    capsnet.fit(model, train, val_data=val, epochs=1, epoch_repeats=1, out=tmp_path / "run", batch_size=8, **QUIET)
     assert [n for n, p in model.named_parameters() if torch.equal(p.detach(), before[n])] == []
     model.save_pretrained(tmp_path / "tuned")
     for folder in (tmp_path / "tuned", tmp_path / "run" / "last"):

@@ -264,7 +264,7 @@ def test_the_settings_a_resume_may_change_are_those_the_command_takes(tmp_path, 
 def test_a_config_files_out_is_the_run_that_resume_continues(tmp_path, rgb, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     config = tmp_path / "c.yaml"
-    config.write_text(f"dataset: {rgb}\nout: mine\nbatch_size: 8\ndevice: cpu\nprogress: false\n"
+    config.write_text(f"dataset: {rgb}\nout: mine\nbatch_size: 8\nepoch_repeats: 1\ndevice: cpu\nprogress: false\n"
                       "tensorboard: false\nmodel:\n  conv_channels: 8\n  primary_types: 2\n  primary_dim: 4\n"
                       "  class_dim: 4\n  decoder_hidden: [16, 16]\n  kernel_size: 5\n")  # fmt: skip
     assert main(["train", "--config", str(config), "--epochs", "1"]) == 0

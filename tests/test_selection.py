@@ -149,8 +149,8 @@ def test_a_run_stopped_mid_epoch_resumes_with_the_same_average_bit_for_bit(tmp_p
 
 def test_best_holds_the_weights_that_won_raw_or_average(tmp_path, rgb):
     """Each epoch scores the raw weights, then their average: best/ holds the winner's tensors, test.json names it."""
-    common = dict(dataset=str(rgb), batch_size=8, epochs=1, progress=False, tensorboard=False, device="cpu",
-                  val_fraction=0.25, ema=0.5, out=str(tmp_path / "run"), monitor="val_loss")  # fmt: skip
+    common = dict(dataset=str(rgb), batch_size=8, epochs=1, epoch_repeats=1, progress=False, tensorboard=False,
+                  device="cpu", val_fraction=0.25, ema=0.5, out=str(tmp_path / "run"), monitor="val_loss")  # fmt: skip
     result = train(TrainConfig(**common), small_config(kernel_size=5))
     state = load_state(tmp_path / "run")
     row = state["history"][0]
@@ -203,6 +203,7 @@ def test_under_ddp_the_average_follows_the_model_and_is_saved(tmp_path, rgb, one
         dataset=str(rgb),
         out=str(out),
         epochs=2,
+        epoch_repeats=1,
         batch_size=8,
         ema=0.9,
         device="cpu",
@@ -221,8 +222,8 @@ def test_under_ddp_the_average_follows_the_model_and_is_saved(tmp_path, rgb, one
 def test_the_average_leaves_the_training_of_the_raw_weights_unchanged(tmp_path, rgb):
     """--ema only watches: the raw weights and their history are those of the same run without it (so one --ema
     run also gives the run without, as benchmarks/screen_selection.py reads it)."""
-    common = dict(dataset=str(rgb), batch_size=8, epochs=1, progress=False, tensorboard=False, device="cpu",
-                  val_fraction=0.25)  # fmt: skip
+    common = dict(dataset=str(rgb), batch_size=8, epochs=1, epoch_repeats=1, progress=False, tensorboard=False,
+                  device="cpu", val_fraction=0.25)  # fmt: skip
     train(TrainConfig(out=str(tmp_path / "plain"), **common), small_config(kernel_size=5))
     train(TrainConfig(out=str(tmp_path / "ema"), ema=0.9, **common), small_config(kernel_size=5))
     a, b = load_state(tmp_path / "plain"), load_state(tmp_path / "ema")
