@@ -83,8 +83,7 @@ def run(model: str, case: str, seed: int, options: dict[str, Any], *, epochs: in
         tensorboard=False,
         resume=resume,
     )
-    model_config = from_dict(MODELS[model].config_class, options, what=f"--model {model}") if options else None
-    accuracy = train(config, model_config).best_test_acc
+    accuracy = train(config, dict(options)).best_test_acc  # (the options set; the rest as `capsnet train` has them)
     if accuracy is None:
         raise RuntimeError(f"{out}: the run ended without a test figure")
     return accuracy

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 from types import SimpleNamespace
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -58,6 +59,14 @@ def test_deepcaps_keeps_its_authors_rate_at_ten_classes_and_lowers_it_at_three()
 
 def test_other_models_take_their_papers_rate_whatever_their_size():
     assert EfficientCapsNet.lr_for(EfficientCapsNet().config) == EfficientCapsNet.default_lr == 5e-4
+
+
+def test_heinsen_capsnet_takes_its_authors_rate_with_their_gaussian_and_half_with_soft_k_means():
+    from capsnet.configs.heinsen_capsnet import HeinsenCapsNetConfig
+    from capsnet.models.heinsen_capsnet import HeinsenCapsNet
+
+    assert HeinsenCapsNet.lr_for(HeinsenCapsNetConfig()) == HeinsenCapsNet.default_lr == 5e-4
+    assert HeinsenCapsNet.lr_for(HeinsenCapsNetConfig(p_model="skm")) == 2.5e-4
 
 
 # ------------------------------------------------------------------------------------------ stuck training
@@ -239,7 +248,7 @@ def test_overwrite_never_deletes_a_folder_that_is_not_a_run(tmp_path):
 def test_the_note_says_default_only_of_what_the_user_left_unset(tmp_path, capsys):
     capsnet.fit(_tiny_capsnet(), Named(12), epochs=1, out=tmp_path / "a", **{**QUIET, "progress": True})
     out = capsys.readouterr().out
-    assert "lr 0.001 (CapsNet's default for its size; set lr= to change)" in out
+    assert "lr 0.001 (CapsNet's default for its configuration; set lr= to change)" in out
     assert "batch size 16 per process (the cpu default; set batch_size= to change)" in out
     # 11 training examples (1 held out) at 16: 581 passes are 6,391 examples, CapsNet's 400 steps (580: 399)
     assert "epoch: 581 passes over the training images, 400 steps (at least 400 on data of one's own; set " in out
@@ -293,6 +302,63 @@ def test_a_model_may_set_its_own_fewest_steps_an_epoch():
     for name, cls in MODELS.items():  # every registered model's is a whole number of steps at least the loop's
         steps = min_epoch_steps(cls)
         assert isinstance(steps, int) and steps >= MIN_EPOCH_STEPS, name
+
+
+def test_a_model_may_set_its_own_options_for_ones_own_data():
+    from capsnet.models.heinsen_capsnet import HeinsenCapsNet
+    from capsnet.training.config import own_data_options
+
+    class Own(CapsNet):
+        own_data_options: ClassVar[dict[str, Any]] = {"routing_iterations": 2}
+
+    assert own_data_options(Own) == {"routing_iterations": 2} and own_data_options(CapsNet) == {}
+    assert own_data_options(torch.nn.Module) == {}  # a module of one's own sets none
+    for bad in ({"no_such_field": 1}, [("routing_iterations", 2)]):
+        Own.own_data_options = bad  # type: ignore[assignment]
+        with pytest.raises(ConfigError, match=r"Own.own_data_options is .*: need a dict of fields of CapsNetConfig"):
+            own_data_options(Own)
+    assert own_data_options(HeinsenCapsNet) == {"p_model": "skm"}  # (docs/training.md says why)
+    for name, cls in MODELS.items():  # every registered model's are fields of its config
+        assert isinstance(own_data_options(cls), dict), name
+
+
+def test_own_data_options_fill_only_what_the_caller_left_unset_and_only_on_ones_own_data(tmp_path, capsys):
+    from capsnet.cli import main
+    from capsnet.data.datasets import load_dataset
+    from capsnet.data.synthetic import make_case, write_folder
+    from capsnet.training.api import train
+    from capsnet.training.config import TrainConfig
+
+    folder = write_folder(make_case("two-shapes", n_per_class=6, n_test_per_class=2, seed=0), tmp_path / "shapes")
+    small = {"conv_channels": 4, "n_parts": 2, "routing_iterations": 1}
+    runs = {"unset": small, "given": {**small, "p_model": "gaussian"}}
+    for name, options in runs.items():
+        config = TrainConfig(dataset=str(folder), model="heinsen-capsnet", epochs=1, epoch_repeats=1, **QUIET)
+        train(dataclasses.replace(config, out=str(tmp_path / name)), options)
+    out = capsys.readouterr().out
+    saved = {name: json.loads((tmp_path / name / "config.json").read_text())["model"] for name in runs}
+    assert saved["unset"]["p_model"] == "skm" and saved["given"]["p_model"] == "gaussian"
+    assert saved["unset"]["conv_channels"] == saved["given"]["conv_channels"] == 4  # what was set is kept
+    assert out.count("p_model skm (heinsen-capsnet's setting on data of one's own; set --p-model to change)") == 1
+    assert out.count("lr 0.00025 (heinsen-capsnet's default for its configuration") == 1  # (skm's rate: lr_for)
+    # a data set with a recorded recipe keeps the paper's defaults; the command line sets as the flags say
+    flags = ["--model", "heinsen-capsnet", "--conv-channels", "4", "--n-parts", "2", "--routing-iterations", "1",
+             "--epochs", "1", "--no-progress", "--no-tensorboard", "--device", "cpu"]  # fmt: skip
+    sample = ["--dataset", "mnist-sample", "--train-subset", "8", "--test-subset", "4", "--val-fraction", "0.25"]
+    assert main(["train", *flags, *sample, "--out", str(tmp_path / "sample")]) == 0
+    own = ["--dataset", str(folder), "--epoch-repeats", "1"]
+    assert main(["train", *flags, *own, "--out", str(tmp_path / "cli")]) == 0
+    assert "p_model skm (heinsen-capsnet's setting on data of one's own" in capsys.readouterr().out
+    for name, p_model in (("sample", "gaussian"), ("cli", "skm")):
+        assert json.loads((tmp_path / name / "config.json").read_text())["model"]["p_model"] == p_model, name
+    # fit trains the model it is given, and says how to build one with the own-data options
+    model = capsnet.create_model("heinsen-capsnet", in_channels=3, image_size=32, n_classes=2, **small)
+    split = load_dataset(str(folder)).train
+    assert split is not None
+    images = torch.utils.data.TensorDataset(split.images, split.labels)
+    capsnet.fit(model, images, epochs=1, epoch_repeats=1, out=tmp_path / "fit", **QUIET)
+    assert "heinsen-capsnet learns data of one's own with p_model='skm'" in capsys.readouterr().err
+    assert model.config.p_model == "gaussian"
 
 
 @pytest.mark.slow

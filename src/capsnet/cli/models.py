@@ -50,7 +50,7 @@ def model_rows(failed: list[str] | None = None) -> list[dict]:
     `failed`), its parameters counted on the default (the paper's) configuration."""
     from ..models.hub import shipped_tags
     from ..models.registry import MODELS
-    from ..training.config import min_epoch_steps
+    from ..training.config import min_epoch_steps, own_data_options
 
     problems = MODELS.load_plugins()
     if failed is not None:
@@ -72,6 +72,7 @@ def model_rows(failed: list[str] | None = None) -> list[dict]:
                 "designed_for": getattr(cls, "designed_for", "-"),
                 "default_lr": cls.default_lr,
                 "own_data_epoch_steps": min_epoch_steps(cls),
+                "own_data_options": own_data_options(cls),
                 "aliases": MODELS.aliases(name),
                 "weights": shipped_tags(name),
                 "plugin": MODELS.plugin(name),

@@ -158,6 +158,15 @@ def configs_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Any]:
     return config, dataclass_from_args(config_class, model_args, model_base)
 
 
+def given_model_options(args: argparse.Namespace, model_config: Any) -> dict[str, Any]:
+    """The model options this command sets (its flags and the --config file's `model:` keys) with the values
+    `configs_from_args` checked: what `train` is given, so that the model's defaults, on one's own data its
+    own-data options (capsnet.training.build), fill in the rest."""
+    base = load_config_file(args.config_file) if args.config_file else {}
+    names = set(base.get("model") or {}) | {n for n in model_flags(args) if getattr(args, n, None) is not None}
+    return {f.name: getattr(model_config, f.name) for f in dataclasses.fields(model_config) if f.name in names}
+
+
 def resumed_from_args(args: argparse.Namespace, run_dir: Path) -> tuple[TrainConfig, Any]:
     """The TrainConfig and model config of the run in `run_dir`, as it recorded them, with the flags (and --config
     keys) given now: each must agree with the record unless it may change on resume."""
@@ -214,8 +223,9 @@ def run(args: argparse.Namespace) -> int:
     # Resuming a run: its own settings, and the flags given again.
     if args.resume and (run_dir / STATE_NAME).is_file() and read_record(run_dir) is not None:
         config, model_config = resumed_from_args(args, run_dir)
-    else:
+    else:  # the model options given, so that the rest are the model's own (on one's own data, its own-data options)
         config, model_config = configs_from_args(args)
+        model_config = given_model_options(args, model_config)
     if args.val_fraction is not None and args.test_fraction is None and _single_folder(config.dataset):
         print(
             "capsnet train: --val-fraction now holds out validation images; a folder without a test split holds "

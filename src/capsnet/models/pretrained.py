@@ -49,6 +49,9 @@ class Pretrained(_ModuleBase):
     # The fewest optimizer steps an epoch of one's own data (an image folder, a .npz, a Dataset) takes when the run
     # leaves epoch_repeats unset; None: the training loop's (capsnet.training.config.MIN_EPOCH_STEPS).
     own_data_epoch_steps: ClassVar[int | None] = None
+    # Config values a run on one's own data takes where the caller sets none (its defaults describe the paper's data
+    # set): capsnet.training.config.own_data_options reads them, `capsnet train` and `train` apply them.
+    own_data_options: ClassVar[dict[str, Any]] = {}
     # Values for config keys a saved config.json may lack because it was written before they existed: the ones that
     # rebuild the model it was saved from (the dataclass defaults describe the current, paper layout).
     saved_defaults: ClassVar[dict[str, Any]] = {}

@@ -42,7 +42,7 @@ from ..models.recipe import recipe_of
 from . import distributed as dist_utils
 from .build import Run, assemble, build
 from .checkpoint import model_name
-from .config import FitConfig, TrainConfig, TrainResult, min_epoch_steps
+from .config import FitConfig, TrainConfig, TrainResult, min_epoch_steps, own_data_options
 from .hardware import rank_device, resolve_device
 from .loader import LoaderTask
 from .loop import run_loop
@@ -64,6 +64,10 @@ def train(
     task: Task | None = None,
 ) -> TrainResult:
     """Train a model as `config` says; returns when done or when a stop was asked for.
+
+    `model_config` is the model's config dataclass, taken as it is, or a dict of the options you set (as
+    `capsnet train`'s model flags): the others are the model's defaults, and on one's own data (an image folder, a
+    .npz) its `own_data_options` (`capsnet models --json`).
 
     `on_step(global_step)` is called after every optimizer step; returning True stops training with a
     checkpoint, as SIGINT and SIGTERM do. `task` supplies the batches, loss and test metrics; by default the
@@ -164,7 +168,7 @@ def fit(
     there is never touched.
 
     A Dataset with a `classes` list (as torchvision's ImageFolder has) names the model's classes (its config's
-    `class_names`), so predictions print names. `lr` unset is the model's own default for its size
+    `class_names`), so predictions print names. `lr` unset is the model's own default for its configuration
     (`lr_for`: CapsNet's and DeepCaps' depend on their number of votes per class).
     """
     if not isinstance(model, nn.Module):
@@ -214,7 +218,7 @@ def fit(
             )
         cfg.class_names = names  # what the model's predictions are called (capsnet predict prints them)
     if lr is None and not resume and progress:
-        LOGGER.info(f"lr {config.lr:g} ({cls.__name__}'s default for its size; set lr= to change)")
+        LOGGER.info(f"lr {config.lr:g} ({cls.__name__}'s default for its configuration; set lr= to change)")
     task = LoaderTask(
         train_data,
         val=val_data,
@@ -273,12 +277,27 @@ def _make_run(config: FitConfig, model: nn.Module, task: LoaderTask, device: tor
         batches=task.source.indexed,
         min_epoch_steps=min_epoch_steps(type(model)),
     )
+    if model_config is not None and opened.saved is None and task.own_data and dist.is_main:
+        own_data_note(model, model_config)
     try:
         torch.manual_seed(opened.config.seed)  # dropout and the rest of the run's random numbers
         return assemble(opened.config, model, task, device, dist, saved=opened.saved, model_config=model_config)
     except BaseException:
         abandon(config.out)  # (nothing written yet: a folder this run made goes)
         raise
+
+
+def own_data_note(model: nn.Module, model_config: Any) -> None:
+    """Log the own-data options (capsnet.training.config.own_data_options) a model given to `fit` was built
+    without: `fit` trains the model as it is, so the line says how to build it with them."""
+    differ = {k: v for k, v in own_data_options(type(model)).items() if getattr(model_config, k, v) != v}
+    if differ:
+        name = getattr(model, "model_type", type(model).__name__)
+        options = ", ".join(f"{k}={v!r}" for k, v in differ.items())
+        LOGGER.warning(
+            f"{name} learns data of one's own with {options} (its own_data_options; `capsnet train` sets them): "
+            f"build it with create_model({name!r}, ..., {options})"
+        )
 
 
 @torch.no_grad()

@@ -18,7 +18,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..config import to_dict
+from ..config import from_dict, to_dict
 from ..errors import ConfigError
 from ..logs import LOGGER
 from ..models.memory import check_memory
@@ -27,7 +27,7 @@ from ..models.registry import MODELS
 from . import distributed as dist_utils
 from . import runfolder
 from .classification import ClassificationTask
-from .config import FitConfig, TrainConfig, min_epoch_steps
+from .config import FitConfig, TrainConfig, min_epoch_steps, own_data_options
 from .ema import WeightAverage
 from .tasks import Task
 
@@ -70,27 +70,42 @@ def build(config: TrainConfig, model_config, device: torch.device, dist, task: T
     config.dataset; capsnet.training.runfolder.open_run), the model from the registry name config.model (the saved
     one when resuming), then `assemble`."""
     model_class = MODELS[config.model]
-    if model_config is not None and not isinstance(model_config, model_class.config_class):
-        raise ConfigError(f"model {config.model!r} takes a {model_class.config_class.__name__}")
-    model_config = model_config or model_class.config_class()
+    model_config, given = given_model_config(model_class, model_config, model=config.model)
     opened = runfolder.open_run(
         config,
         device,
         dist,
         make_task=lambda settled: task if task is not None else ClassificationTask.from_config(settled),
-        model_settings=to_dict(model_config),
+        model_settings={k: v for k, v in to_dict(model_config).items() if k in given},
         min_epoch_steps=min_epoch_steps(model_class),
     )
     try:
-        return _build_model(opened, model_config, device, dist)
+        return _build_model(opened, model_config, given, device, dist)
     except BaseException:
         runfolder.abandon(config.out)  # (nothing written yet: a folder this run made goes)
         raise
 
 
-def _build_model(opened: runfolder.OpenedRun, model_config: Any, device: torch.device, dist) -> Run:
+def given_model_config(model_class: type, model_config: Any, *, model: str) -> tuple[Any, frozenset[str]]:
+    """(the model's config, the names of the fields the caller set): a config dataclass is taken as it is, every
+    field set; a mapping sets its keys (checked as config.json's are) and leaves the rest at the defaults; None
+    sets nothing."""
+    config_class: Any = cast(Any, model_class).config_class
+    if model_config is None:
+        return config_class(), frozenset()
+    if isinstance(model_config, dict):
+        return from_dict(config_class, model_config, what=f"--model {model}"), frozenset(model_config)
+    if not isinstance(model_config, config_class):
+        raise ConfigError(f"model {model!r} takes a {config_class.__name__} or a dict of its fields")
+    return model_config, frozenset(f.name for f in dataclasses.fields(model_config))
+
+
+def _build_model(
+    opened: runfolder.OpenedRun, model_config: Any, given: frozenset[str], device: torch.device, dist
+) -> Run:
     """The registry model of an opened run: its config from the state.pt when resuming, the data's fields filled
-    in, its memory checked, then `assemble`."""
+    in, on one's own data the model's own-data options where `given` names none, its memory checked, then
+    `assemble`."""
     config, task, saved = opened.config, opened.task, opened.saved
     assert isinstance(config, TrainConfig)
     run_dir = Path(config.out)
@@ -102,12 +117,18 @@ def _build_model(opened: runfolder.OpenedRun, model_config: Any, device: torch.d
     if saved is not None:
         runfolder.check_same_shape(model_config, fields, run_dir)
     model_config = dataclasses.replace(model_config, **fields)
+    if saved is None and getattr(task, "own_data", False):
+        chosen = {k: v for k, v in own_data_options(model_class).items() if k not in given}
+        model_config = dataclasses.replace(model_config, **chosen)
+        for key, value in chosen.items() if dist.is_main else ():
+            flag = "--" + key.replace("_", "-")
+            LOGGER.info(f"{key} {value} ({config.model}'s setting on data of one's own; set {flag} to change)")
 
     assert config.batch_size is not None  # resolved by open_run()
-    if config.lr is None:  # the model's own for its size (CapsNet's and DeepCaps' fall with more votes per class)
+    if config.lr is None:  # the model's own for its configuration (`lr_for`; CapsNet's falls with more votes per class)
         config = dataclasses.replace(config, lr=model_class.lr_for(model_config))
         if dist.is_main and saved is None:
-            LOGGER.info(f"lr {config.lr:g} ({config.model}'s default for its size; set --lr to change)")
+            LOGGER.info(f"lr {config.lr:g} ({config.model}'s default for its configuration; set --lr to change)")
     assert config.batch_size is not None
     check_memory(model_config, config.batch_size, device)  # one line with the fixes, before allocating anything
     torch.manual_seed(config.seed)

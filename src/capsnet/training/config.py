@@ -33,6 +33,20 @@ def min_epoch_steps(model_class: Any) -> int:
     return steps
 
 
+def own_data_options(model_class: Any) -> dict[str, Any]:
+    """The config values a model of `model_class` takes on one's own data where the caller sets none: its
+    `own_data_options` (capsnet.models.pretrained.Pretrained), each a field of its config class."""
+    options = getattr(model_class, "own_data_options", None)
+    if options == {} or options is None:
+        return {}
+    config_class = getattr(model_class, "config_class", None)
+    fields = {f.name for f in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class) else set()
+    if not isinstance(options, dict) or not set(options) <= fields:
+        name = getattr(config_class, "__name__", "its config_class")
+        raise ConfigError(f"{model_class.__name__}.own_data_options is {options!r}: need a dict of fields of {name}")
+    return dict(options)
+
+
 @dataclass(kw_only=True)
 class LoopConfig:
     """How the training loop runs, shared by `capsnet train` (TrainConfig) and `capsnet.fit` (FitConfig); recorded as
