@@ -3,13 +3,15 @@
 results/trainability.csv.
 
     python benchmarks/trainability.py [--models capsnet,deepcaps] [--cases shapes,textures] [--seeds 3]
-        [--epochs 10] [--option NAME=VALUE ...] [--results results] [--work DIR]
+        [--epochs 10] [--stop-at-val-acc 1.0] [--option NAME=VALUE ...] [--results results] [--work DIR]
 
 Each case is written once as train/ and test/ class folders of PNG files under --work; each run holds out its
 validation split from train/, chooses best/ on it (val_loss), and scores test/ once. The row gives every seed's
 test accuracy of best/. `--option` sets a field of the model's config (what `capsnet train --p-model skm` sets):
-the row's config names it, and its runs have a folder of their own. tests/test_trainability.py holds the same
-cases to a stated accuracy in `make test`.
+the row's config names it, and its runs have a folder of their own. `--stop-at-val-acc` ends each run after the
+first epoch whose validation accuracy reaches it (`capsnet train --stop-at-val-acc`): the row's epochs are then a
+budget, its note gives the epochs each seed trained. tests/test_trainability.py holds the same cases to a stated
+accuracy in `make test`.
 """
 
 from __future__ import annotations
@@ -59,15 +61,18 @@ def run_folder(model: str, case: str, seed: int, options: dict[str, Any], *, wor
     return folder / f"seed-{seed}"
 
 
-def recorded(folder: Path) -> tuple[int, str]:
-    """(the passes over the training images an epoch of the run in `folder` took, its augmentation): both unset in
-    the run's command and chosen from the data (capsnet.training.config.MIN_EPOCH_STEPS, capsnet.data.colour), as
-    its config.json records them."""
+def recorded(folder: Path) -> tuple[int, str, int]:
+    """(the passes over the training images an epoch of the run in `folder` took, its augmentation, the epochs it
+    trained): the first two unset in the run's command and chosen from the data (capsnet.training.config
+    .MIN_EPOCH_STEPS, capsnet.data.colour), as its config.json records them; the epochs as its test.json does."""
     meta = json.loads((folder / "config.json").read_text())
-    return int(meta["train"].get("epoch_repeats") or 1), str(meta.get("augment", "?"))
+    trained = json.loads((folder / "test.json").read_text())["epochs"]
+    return int(meta["train"].get("epoch_repeats") or 1), str(meta.get("augment", "?")), int(trained)
 
 
-def run(model: str, case: str, seed: int, options: dict[str, Any], *, epochs: int, work: Path) -> float:
+def run(
+    model: str, case: str, seed: int, options: dict[str, Any], *, epochs: int, stop_at: float | None, work: Path
+) -> float:
     """Test accuracy of best/ of one `capsnet train --dataset FOLDER --model MODEL --seed SEED` run (with the
     model config's `options`)."""
     out = run_folder(model, case, seed, options, work=work)
@@ -78,6 +83,7 @@ def run(model: str, case: str, seed: int, options: dict[str, Any], *, epochs: in
         model=model,
         seed=seed,
         epochs=epochs,
+        stop_at_val_acc=stop_at,
         out=str(out),
         progress=False,
         tensorboard=False,
@@ -89,18 +95,22 @@ def run(model: str, case: str, seed: int, options: dict[str, Any], *, epochs: in
     return accuracy
 
 
-def case_row(model: str, case: str, options: dict[str, Any], *, epochs: int, seeds: int) -> Row:
+def case_row(
+    model: str, case: str, options: dict[str, Any], *, epochs: int, seeds: int, stop_at: float | None = None
+) -> Row:
     """The row of one model on one case, before its accuracies."""
     n_train, n_test = CASES[case].n_train, CASES[case].n_test
     n_classes = len(CASES[case].classes)
     n_val = round(0.1 * n_classes * n_train)  # TrainConfig's val_fraction
     flags = "".join(f" --option {k}={json.dumps(v)}" for k, v in options.items())
     setting = f"with {label(options)}" if options else "at the model's defaults"
+    stopping = f", stopped after the first epoch at val_acc >= {stop_at}" if stop_at is not None else ""
+    flags += f" --stop-at-val-acc {stop_at}" if stop_at is not None else ""
     return Row(
         model=model,
         config=label(options),
         benchmark=f"trainability:{case}",
-        protocol=f"capsnet train --dataset FOLDER {setting}; best/ on val_loss, test/ scored once",
+        protocol=f"capsnet train --dataset FOLDER {setting}{stopping}; best/ on val_loss, test/ scored once",
         train_images=n_classes * n_train - n_val,
         val_images=n_val,
         test_images=n_classes * n_test,
@@ -117,6 +127,7 @@ def main() -> int:
     p.add_argument("--cases", default=",".join(CASES), help=f"comma list of {', '.join(CASES)}")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=SUITE_EPOCHS)
+    p.add_argument("--stop-at-val-acc", type=float, default=None, help="end a run at this validation accuracy")
     p.add_argument("--option", type=option, action="append", default=[], help="NAME=VALUE of the model's config")
     p.add_argument("--results", default="results", help="the results data folder")
     p.add_argument("--work", default=None, help="where the case folders and runs go (default: a temporary folder)")
@@ -139,13 +150,18 @@ def main() -> int:
     for case in cases:
         for model in models:
             start = time.perf_counter()
-            accuracies = [100 * run(model, case, s, options, epochs=args.epochs, work=work) for s in seeds]
-            row = case_row(model, case, options, epochs=args.epochs, seeds=args.seeds)
+            stop_at = args.stop_at_val_acc
+            accuracies = [
+                100 * run(model, case, seed, options, epochs=args.epochs, stop_at=stop_at, work=work) for seed in seeds
+            ]
+            row = case_row(model, case, options, epochs=args.epochs, stop_at=stop_at, seeds=args.seeds)
             row = with_accuracies(row, seeds, accuracies)
             chosen = [recorded(run_folder(model, case, s, options, work=work)) for s in seeds]
-            repeats, augment = sorted({r for r, _ in chosen}), sorted({a for _, a in chosen})
+            repeats, augment = sorted({r for r, _, _ in chosen}), sorted({a for _, a, _ in chosen})
             note = f"{'/'.join(map(str, repeats))} passes over the training images an epoch"
             note += f"; augment {'/'.join(augment)}"
+            if stop_at is not None:
+                note += f"; epochs trained {'/'.join(str(e) for _, _, e in chosen)}"
             row = replace(row, note=note)
             write_rows(Path(args.results) / "trainability.csv", [row])
             took = time.perf_counter() - start

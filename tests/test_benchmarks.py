@@ -91,6 +91,10 @@ def test_a_trainability_option_names_its_row_its_command_and_its_runs(tmp_path):
     assert row.protocol.startswith("capsnet train --dataset FOLDER with --p-model skm --routing-iterations 2;")
     assert row.command.endswith('--seeds 3 --option p_model="skm" --option routing_iterations=2')
     assert script.case_row("heinsen-capsnet", "shapes", {}, epochs=10, seeds=3).config == "defaults"
+    stopped = script.case_row("hvc-capsnet", "shapes", {}, epochs=10, seeds=3, stop_at=1.0)
+    assert stopped.config == "defaults" and stopped.epochs == 10
+    assert "at the model's defaults, stopped after the first epoch at val_acc >= 1.0;" in stopped.protocol
+    assert stopped.command.endswith("--seeds 3 --stop-at-val-acc 1.0")
     runs = tmp_path / "runs" / "shapes" / "heinsen-capsnet"
     assert script.run_folder("heinsen-capsnet", "shapes", 1, {}, work=tmp_path) == runs / "seed-1"
     folder = script.run_folder("heinsen-capsnet", "shapes", 1, options, work=tmp_path)

@@ -84,7 +84,10 @@ def test_a_flag_that_disagrees_with_the_run_is_one_line_naming_both_values(tmp_p
     assert len(err) == 1 and err[0].startswith(f"capsnet train: error: {tmp_path / 'run'}: "), err
     assert line.format(rgb=rgb) in err[0]
     if "conflicts" in line:
-        assert "only these may change: --epochs, --lr-decay, --lr-end, --eval-batch-size, --device" in err[0]
+        assert (
+            "only these may change: --epochs, --stop-at-val-acc, --lr-decay, --lr-end, --eval-batch-size, --device"
+            in err[0]
+        )
     assert (tmp_path / "run" / "config.json").read_text() == before  # nothing rewritten
 
 

@@ -37,6 +37,51 @@ def _train(out: Path, rgb: Path, *extra: str) -> int:
                  *MODEL, *QUIET, *extra])  # fmt: skip
 
 
+# ----------------------------------------------------------------------------------------------- stopping
+def test_a_run_stops_after_the_epoch_that_reaches_stop_at_val_acc_and_stays_stopped(tmp_path, rgb, caplog):
+    out = tmp_path / "run"
+    with caplog.at_level("INFO", logger="capsnet"):
+        assert _train(out, rgb, "--epochs", "4", "--stop-at-val-acc", "0.01") == 0  # (any score reaches 1%)
+    assert "reached --stop-at-val-acc 0.01 at epoch 1 of 4: training stops here" in caplog.text
+    assert len(read_summary(out)) == 1 and load_state(out)["epoch"] == 1
+    report = json.loads((out / "test.json").read_text())
+    assert report["epochs"] == 1 and report["best"]["epoch"] == 1 and 0 <= report["best"]["accuracy"] <= 1
+    # Resumed, it trains no further (the threshold is recorded) and scores the test split again; a threshold
+    # given again may change (it says how long to train), and a higher one that is not reached trains on.
+    assert _train(out, rgb, "--epochs", "4", "--resume") == 0
+    assert len(read_summary(out)) == 1
+    first = read_summary(out)[0]["val_acc"]
+    assert _train(out, rgb, "--epochs", "2", "--resume", "--stop-at-val-acc", "1.0") == 0
+    assert len(read_summary(out)) == (1 if first >= 1.0 else 2)
+
+
+@pytest.mark.parametrize("value", ["0", "1.5"])
+def test_stop_at_val_acc_outside_0_1_or_without_validation_is_one_line_and_exit_2(tmp_path, rgb, capsys, value):
+    with pytest.raises(ConfigError, match=r"stop_at_val_acc must be in \(0, 1\]"):
+        TrainConfig(stop_at_val_acc=float(value))
+    assert _train(tmp_path / "run", rgb, "--epochs", "1", "--stop-at-val-acc", value) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stop_at_val_acc must be in (0, 1]" in err[0], err
+    args = ["train", "--dataset", str(rgb), "--out", str(tmp_path / "nv"), "--val-fraction", "0", *MODEL, *QUIET]
+    assert main([*args, "--epochs", "1", "--stop-at-val-acc", "0.5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--stop-at-val-acc needs a validation split" in err[0] and "--val-fraction" in err[0]
+    assert not (tmp_path / "nv" / "config.json").exists()
+
+
+def test_fit_stops_at_val_acc_too(tmp_path):
+    torch.manual_seed(0)
+    images, labels = torch.rand(40, 1, 28, 28), torch.arange(40) % 2
+    model = capsnet.CapsNet(config=small_config(n_classes=2))
+    result = capsnet.fit(model, torch.utils.data.TensorDataset(images, labels), epochs=3, out=tmp_path / "run",
+                         val_fraction=0.25, stop_at_val_acc=0.01, epoch_repeats=1, batch_size=10, device="cpu",
+                         progress=False, tensorboard=False)  # fmt: skip
+    assert result.epochs_done == 1 and len(result.history) == 1
+    with pytest.raises(ConfigError, match="stop_at_val_acc= needs a validation split"):
+        capsnet.fit(model, torch.utils.data.TensorDataset(images, labels), epochs=1, out=tmp_path / "nv",
+                    val_fraction=0, stop_at_val_acc=0.5, device="cpu", progress=False, tensorboard=False)  # fmt: skip
+
+
 # ----------------------------------------------------------------------------------------------- the monitor
 def test_the_monitor_compares_in_order_and_ties_keep_the_earlier():
     acc, loss, both = (Monitor.parse(s) for s in ("val_accuracy", "val_loss", "val_accuracy,val_loss"))

@@ -125,6 +125,7 @@ def fit(
     seed: int = 0,
     monitor: str | None = None,
     ema: float | None = None,
+    stop_at_val_acc: float | None = None,
     workers: int = 0,
     device: str = "auto",
     precision: Literal["fp32", "bf16"] = "fp32",
@@ -151,7 +152,8 @@ def fit(
     or down to lr × `lr_end` in the last epoch; with neither, by the model's `default_lr_decay` where it has one,
     else to lr × 0.25. Giving both is a ConfigError. `monitor` chooses best/ (capsnet.training.selection: "val_loss",
     the default, "val_accuracy", or "val_accuracy,val_loss"); `ema` (a decay, e.g. 0.999) keeps a moving average of
-    the weights, scored beside them each epoch, and best/ may hold it (capsnet.training.ema). `on_step(step)`
+    the weights, scored beside them each epoch, and best/ may hold it (capsnet.training.ema). `stop_at_val_acc`
+    (e.g. 1.0) ends the run after the first epoch whose validation accuracy reaches it. `on_step(step)`
     returning True stops with a checkpoint, as SIGINT and SIGTERM do. `progress=False`: no progress bar and no
     information lines (the `capsnet` logger shows warnings only while it runs).
 
@@ -194,6 +196,7 @@ def fit(
         val_seed=val_seed,
         monitor=monitor,
         ema=ema,
+        stop_at_val_acc=stop_at_val_acc,
         seed=seed,
         workers=workers,
         device=device,

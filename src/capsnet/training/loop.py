@@ -62,7 +62,7 @@ def run_loop(run: Run, on_step: Callable[[int], bool] | None) -> TrainResult:
     log.start(run, state)
     stop = False
     with StopFlag() as signals:
-        while state.epoch < run.config.epochs and not stop:
+        while state.epoch < run.config.epochs and not stop and not reached(run, state):
             stop = train_epoch(run, state, log, signals, on_step)
             if stop:  # stopped mid-epoch: save where we are (or keep the last epoch's checkpoint, see Task)
                 if run.task.resumes_mid_epoch:
@@ -101,6 +101,24 @@ def train_step(run: Run, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     with phase("optimizer"):
         run.optimizer.step()
     return loss.detach(), n_correct
+
+
+def reached(run: Run, state: RunState) -> bool:
+    """Whether the last finished epoch's validation accuracy reached --stop-at-val-acc (then the run ends there, as
+    at its last epoch; a resumed run that had reached it trains no further, one stopped mid-epoch finishes that
+    epoch first). Every rank reads the same reduced row."""
+    threshold = run.config.stop_at_val_acc
+    if threshold is None or not state.history or state.batch_in_epoch > 0:
+        return False
+    if state.history[-1].get("val_acc", -1.0) < threshold:
+        return False
+    if run.dist.is_main:
+        row = state.history[-1]
+        LOGGER.info(
+            f"validation accuracy {row['val_acc']:.4f} reached --stop-at-val-acc {threshold} at epoch "
+            f"{row['epoch']} of {run.config.epochs}: training stops here"
+        )
+    return True
 
 
 def stop_requested(run: Run, signals: StopFlag, asked: bool) -> bool:

@@ -5,9 +5,10 @@ model's config, "task": ..., ...}. Resuming (`capsnet train --out RUN --resume`,
 `capsnet.fit(..., resume=True)`):
 
 - a setting not given is the run's own (a None field of a config is "not given");
-- a setting given again must agree with the record, unless it is one of MAY_CHANGE: how long to train (the
-  stretched learning-rate schedule follows, see capsnet.training.state.restore) and how and where the run executes
-  (device, precision, compile, progress, TensorBoard, workers, the evaluation batch size, where the files are);
+- a setting given again must agree with the record, unless it is one of MAY_CHANGE: how long to train (epochs and
+  --stop-at-val-acc; the stretched learning-rate schedule follows, see capsnet.training.state.restore) and how and
+  where the run executes (device, precision, compile, progress, TensorBoard, workers, the evaluation batch size,
+  where the files are);
 - anything else (data set, subsets, augmentation, validation split, batch size, learning rate, seed, model and its
   options) given with another value is a ConfigError naming the setting and both values.
 
@@ -34,6 +35,7 @@ from .selection import DEFAULT_MONITOR
 # What a resumed run may change. lr_decay and lr_end reshape the schedule from the resumed epoch on, as epochs does.
 MAY_CHANGE = (
     "epochs",
+    "stop_at_val_acc",
     "lr_decay",
     "lr_end",
     "eval_batch_size",

@@ -94,6 +94,12 @@ def open_run(
     task = make_task(config)
     if check_task is not None:
         check_task(config, task)
+    if config.stop_at_val_acc is not None and not task.has_val:
+        cli = flag.startswith("--")
+        named, hold = (
+            ("--stop-at-val-acc", "--val-fraction") if cli else ("stop_at_val_acc=", "val_fraction= or val_data=")
+        )
+        raise ConfigError(f"{named} needs a validation split, and this run has none: hold one out with {hold}")
     notes += [(text, logging.INFO) for text in task.notes if not config.resume]  # (a resumed run's were said)
     for text, level in notes if dist.is_main else ():
         LOGGER.log(level, text)
