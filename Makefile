@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-tooling check demo lint bench docs gpu-check gpu-session clean
+.PHONY: test test-tooling check demo lint types pytest bench docs gpu-check gpu-session clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,13 +23,16 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 XDIST := -n auto --maxprocesses 4 --dist loadscope
 
 # The library's whole suite: lint, types, every test but the tooling ones (the slow ones too: kernel builds,
-# trainings, torchrun, CLI subprocesses), the 30 slowest, and the docs site.
-test: $(STAMP)
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+# trainings, torchrun, CLI subprocesses), the 30 slowest, and the docs site. mypy and the docs site, one process
+# each, run beside pytest (about 9 s sooner on 2 cores); mypy prints its findings as one block when it ends.
+test: lint
+	$(MAKE) -j3 --no-print-directory types pytest docs
+
+types: $(STAMP)
 	$(PY) -m mypy
+
+pytest: $(STAMP)
 	$(PY) -m pytest -q $(XDIST) --durations=30 -m "not tooling"
-	$(MAKE) docs
 
 # The checks of the project's tooling rather than the library: the notebook, the browser test of `capsnet explore`,
 # the wheel build, the benchmark scripts, the GPU session script. CI (.ci/run) runs them after `make test`.
@@ -43,10 +46,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # The fast loop: lint, types, the tests marked neither slow nor tooling (no C++ build: the PyTorch routing path).
-check: $(STAMP)
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
-	$(PY) -m mypy
+check: lint types
 	$(PY) -m pytest -q $(XDIST) -m "not slow and not tooling"
 
 demo: $(STAMP)
