@@ -165,7 +165,7 @@ def test_shipped_weights_load_offline_by_tag(weights_root, capsys):
     for name in ("capsnet", "inverted-attention-capsnet", "vb-capsnet", "heinsen-capsnet"):  # (docs/training.md)
         assert rows[name]["own_data_epoch_steps"] == 400, name
     assert rows["heinsen-capsnet"]["own_data_options"] == {"p_model": "skm"}
-    assert rows["capsnet"]["own_data_options"] == {}
+    assert rows["capsnet"]["own_data_options"] == {} and rows["baseline"]["own_data_options"] == {"pool": True}
     assert main(["models"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].endswith("weights (--pretrained NAME:TAG)") and table[1].split()[0] == "capsnet"

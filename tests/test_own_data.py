@@ -305,6 +305,7 @@ def test_a_model_may_set_its_own_fewest_steps_an_epoch():
 
 
 def test_a_model_may_set_its_own_options_for_ones_own_data():
+    from capsnet.models.baseline import BaselineCNN
     from capsnet.models.heinsen_capsnet import HeinsenCapsNet
     from capsnet.training.config import own_data_options
 
@@ -318,6 +319,7 @@ def test_a_model_may_set_its_own_options_for_ones_own_data():
         with pytest.raises(ConfigError, match=r"Own.own_data_options is .*: need a dict of fields of CapsNetConfig"):
             own_data_options(Own)
     assert own_data_options(HeinsenCapsNet) == {"p_model": "skm"}  # (docs/training.md says why)
+    assert own_data_options(BaselineCNN) == {"pool": True}
     for name, cls in MODELS.items():  # every registered model's are fields of its config
         assert isinstance(own_data_options(cls), dict), name
 
@@ -351,6 +353,13 @@ def test_own_data_options_fill_only_what_the_caller_left_unset_and_only_on_ones_
     assert "p_model skm (heinsen-capsnet's setting on data of one's own" in capsys.readouterr().out
     for name, p_model in (("sample", "gaussian"), ("cli", "skm")):
         assert json.loads((tmp_path / name / "config.json").read_text())["model"]["p_model"] == p_model, name
+    # a switch: the baseline pools on one's own data unless --no-pool is given
+    base = ["--model", "baseline", "--channels", "4", "4", "--hidden", "8", *flags[8:], *own]
+    assert main(["train", *base, "--out", str(tmp_path / "pooled")]) == 0
+    assert main(["train", *base, "--no-pool", "--out", str(tmp_path / "unpooled")]) == 0
+    assert capsys.readouterr().out.count("pool True (baseline's setting on data of one's own; set --no-pool to") == 1
+    for name, pool in (("pooled", True), ("unpooled", False)):
+        assert json.loads((tmp_path / name / "config.json").read_text())["model"]["pool"] is pool, name
     # fit trains the model it is given, and says how to build one with the own-data options
     model = capsnet.create_model("heinsen-capsnet", in_channels=3, image_size=32, n_classes=2, **small)
     split = load_dataset(str(folder)).train

@@ -121,7 +121,7 @@ def _build_model(
         chosen = {k: v for k, v in own_data_options(model_class).items() if k not in given}
         model_config = dataclasses.replace(model_config, **chosen)
         for key, value in chosen.items() if dist.is_main else ():
-            flag = "--" + key.replace("_", "-")
+            flag = ("--no-" if value is True else "--") + key.replace("_", "-")  # (a switch: --pool / --no-pool)
             LOGGER.info(f"{key} {value} ({config.model}'s setting on data of one's own; set {flag} to change)")
 
     assert config.batch_size is not None  # resolved by open_run()
