@@ -31,6 +31,7 @@ from capsnet.errors import ConfigError
 from capsnet.experiments.zoo import cpu_name, git_commit
 from capsnet.models.registry import MODELS
 from capsnet.results import Row, with_accuracies, write_rows
+from capsnet.results_tables import STOPPED
 from capsnet.training.api import train
 from capsnet.training.config import TrainConfig
 
@@ -104,7 +105,7 @@ def case_row(
     n_val = round(0.1 * n_classes * n_train)  # TrainConfig's val_fraction
     flags = "".join(f" --option {k}={json.dumps(v)}" for k, v in options.items())
     setting = f"with {label(options)}" if options else "at the model's defaults"
-    stopping = f", stopped after the first epoch at val_acc >= {stop_at}" if stop_at is not None else ""
+    stopping = f", {STOPPED} >= {stop_at}" if stop_at is not None else ""  # (how docs/results.md tells them)
     flags += f" --stop-at-val-acc {stop_at}" if stop_at is not None else ""
     return Row(
         model=model,

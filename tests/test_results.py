@@ -3,6 +3,7 @@ the tables rendered from it are the README's and docs/results.md's."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -91,7 +92,7 @@ def test_a_benchmark_table_lists_every_model_without_a_row_with_its_command():
 
 
 def test_the_trainability_table_gives_a_setting_other_than_the_defaults_its_own_line():
-    from capsnet.results_tables import trainability_table
+    from capsnet.results_tables import STOPPED, trainability_table
 
     def row(config: str, accuracies: list[float]) -> Row:
         base = Row(model="heinsen-capsnet", config=config, benchmark="trainability:shapes", epochs=10)
@@ -102,3 +103,7 @@ def test_the_trainability_table_gives_a_setting_other_than_the_defaults_its_own_
         "| `heinsen-capsnet` | 33.00% (1 seed, 10 ep.) |",
         "| `heinsen-capsnet` `--p-model skm` | 88.00 ± 2.83% (2 seeds, 10 ep.) |",
     ]
+    # runs ended by --stop-at-val-acc: the epochs are a budget (benchmarks/trainability.py's protocol says so)
+    protocol = f"capsnet train --dataset FOLDER at the model's defaults, {STOPPED} >= 1.0; best/ on val_loss"
+    stopped = dataclasses.replace(row("defaults", [96.0]), protocol=protocol)
+    assert trainability_table([stopped]).splitlines()[2:] == ["| `heinsen-capsnet` | 96.00% (1 seed, ≤ 10 ep.) |"]

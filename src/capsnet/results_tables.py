@@ -28,6 +28,9 @@ def load(results: str | Path) -> dict[str, list[Row]]:
     return {name: read_rows(root / f"{name}.csv") if (root / f"{name}.csv").is_file() else [] for name in FILES}
 
 
+STOPPED = "stopped after the first epoch at val_acc"  # a protocol of runs ended by --stop-at-val-acc
+
+
 def _pct(row: Row | None, *, affine: bool = False) -> str:
     if row is None:
         return "not measured yet"
@@ -38,9 +41,8 @@ def _pct(row: Row | None, *, affine: bool = False) -> str:
         return "not measured yet"
     seeds = len(row.seeds.split())
     spread = f" ± {std:.2f}" if seeds > 1 and std is not None else ""
-    return (
-        f"{mean:.2f}{spread}%" if affine else f"{mean:.2f}{spread}% ({seeds} seed{'s' * (seeds > 1)}, {row.epochs} ep.)"
-    )
+    budget = f"≤ {row.epochs}" if STOPPED in row.protocol else f"{row.epochs}"  # (the note: the epochs each trained)
+    return f"{mean:.2f}{spread}%" if affine else f"{mean:.2f}{spread}% ({seeds} seed{'s' * (seeds > 1)}, {budget} ep.)"
 
 
 def _by_model(rows: Iterable[Row], precision: str | None = None) -> dict[str, Row]:
