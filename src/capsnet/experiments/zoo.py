@@ -66,9 +66,9 @@ SAMPLE_EPOCHS: dict[str, int] = {
     "self-routing-capsnet": 15,
     "hvc-capsnet": 15,
     "deepcaps": 10,
-    # routes 1,024 parts × 64 of 4×4 poses per image: a batch-20 step took 16-22 s on the 2 shared cores under a
-    # load average of 17 (docs/benchmarks.md, Heinsen routing), a few seconds unloaded; one epoch a seed
-    "heinsen-capsnet": 1,
+    # routes 1,024 parts × 64 of 4×4 poses per image: a batch-20 bf16 step takes 1.3 s on one thread beside three
+    # other trainings (Intel Xeon, docs/benchmarks.md, Heinsen routing), about 6 min an epoch
+    "heinsen-capsnet": 10,
     # 4.6 img/s training at batch 64 on the loaded 2-core machine, about 20 min an epoch; one epoch a seed
     "cluster-capsnet": 1,
     "vb-capsnet": 3,
