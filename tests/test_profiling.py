@@ -5,6 +5,7 @@ needs a GPU)."""
 from enum import Enum
 from types import SimpleNamespace
 
+import pytest
 import torch
 from helpers import small_config
 
@@ -56,7 +57,19 @@ def _event(name, start, end, *, parent=None, device=_Device.CPU, annotation=Fals
                            linked_correlation_id=link, self_cpu_time_total=end - start)  # fmt: skip
 
 
-def test_cuda_kernels_are_attributed_to_the_phase_of_their_operator_forward_and_backward():
+def _as_before_torch_2_13(events):
+    """The same trace as torch before 2.13 records it: no link on the events; each operator lists its kernels."""
+    for e in events:
+        e.kernels = [SimpleNamespace(name=k.name, duration=k.time_range.end - k.time_range.start) for k in events
+                     if k.device_type is _Device.CUDA and k.linked_correlation_id == e.id != 0]  # fmt: skip
+    for e in events:
+        e.kernels = [] if e.device_type is _Device.CUDA else e.kernels
+        del e.linked_correlation_id
+    return events
+
+
+@pytest.mark.parametrize("recorded", ["linked", "listed"], ids=["torch-2.13", "torch-2.11"])
+def test_cuda_kernels_are_attributed_to_the_phase_of_their_operator_forward_and_backward(recorded):
     step = _event(STEP, 0, 100, annotation=True)
     conv = _event("conv", 1, 20, parent=step, annotation=True)
     conv_op = _event("aten::convolution", 2, 10, parent=conv, seq=7, id=11)
@@ -72,6 +85,7 @@ def test_cuda_kernels_are_attributed_to_the_phase_of_their_operator_forward_and_
                _event("add_kernel", 80, 85, device=_Device.CUDA, link=13)]  # fmt: skip
     on_gpu = [_event(name, 9, 86, device=_Device.CUDA, annotation=True) for name in (STEP, "conv")]
     events = [step, conv, conv_op, backward, node, grad_op, other_op, *launches, *kernels, *on_gpu]
+    events = _as_before_torch_2_13(events) if recorded == "listed" else events
     report = summarize(events, steps=1, device_type="cuda")
     phases = {p["phase"]: p for p in report["phases"]}
     assert phases["conv"]["forward_ms"] == 0.030 and phases["conv"]["backward_ms"] == 0.030

@@ -149,10 +149,12 @@ def test_the_triton_backend_chooses_the_kernels_and_auto_only_with_the_switch(mo
 @pytest.mark.parametrize("shape, tol", [((5, 24, 4, 4, 6), 2e-5), ((64, 1152, 10, 8, 16), 1e-4)],
                          ids=["small", "mnist"])  # (float32 sums over 1152 capsules)  # fmt: skip
 def test_router_on_cuda_with_the_kernels_matches_float64(monkeypatch, shape, tol, detach_votes):
-    monkeypatch.setenv("CAPSNET_TRITON", "1")
+    calls = []
+    monkeypatch.setattr(dynamic_triton, "forward", lambda *a, f=dynamic_triton.forward: calls.append(1) or f(*a))
     batch, n_in, n_out, d_in, d_out = shape
     u, w, gv, gc = _inputs(batch, n_in, n_out, d_in, d_out, dtype=torch.float32, device="cuda")
     router = Router(n_in, n_out, d_in, d_out, 3, detach_votes=detach_votes).cuda()
+    router.backend = "triton"  # (the suite's CAPSNET_NO_EXT=1 makes "auto" the PyTorch path: tests/conftest.py)
     with torch.no_grad():
         router.weight.copy_(w)
     x = u.clone().requires_grad_()
@@ -162,6 +164,7 @@ def test_router_on_cuda_with_the_kernels_matches_float64(monkeypatch, shape, tol
     for name, a, b in zip(("v", "c", "du", "dw"), got, _reference(u, w, gv, gc, 3, detach_votes), strict=True):
         assert a.is_cuda and (a.double().cpu() - b).abs().max().item() <= tol * max(1.0, b.abs().max().item()), name
     assert router.weight.grad.stride() == router.weight.stride()
+    assert calls  # the Triton kernels ran, not the PyTorch path (which matches float64 too)
 
 
 @on_gpu
@@ -173,6 +176,7 @@ def test_the_operator_passes_opcheck_on_cuda():
 @on_gpu
 def test_compiled_model_on_cuda_sees_routing_as_one_node_and_trains_as_eager(monkeypatch):
     monkeypatch.setenv("CAPSNET_TRITON", "1")
+    monkeypatch.delenv("CAPSNET_NO_EXT", raising=False)  # the suite's setting makes "auto" the PyTorch path
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = CapsNet(config=small_config()).cuda()

@@ -73,10 +73,14 @@ class BatchNormShift(nn.Module):
         self.running_var: torch.Tensor
         self.register_buffer("running_mean", torch.zeros(n))
         self.register_buffer("running_var", torch.ones(n))
+        # γ = 1, not learned and not saved. A defined γ: CUDA's batch norm without one fails its backward in
+        # evaluation ("tensor does not have a device", torch 2.11), and cuDNN's takes only a γ and a β.
+        self.unit_scale: torch.Tensor
+        self.register_buffer("unit_scale", torch.ones(n), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.batch_norm(
-            x, self.running_mean, self.running_var, None, self.beta, self.training, self.momentum, self.eps
+            x, self.running_mean, self.running_var, self.unit_scale, self.beta, self.training, self.momentum, self.eps
         )
 
 

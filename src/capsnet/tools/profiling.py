@@ -71,18 +71,27 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+RUNTIME_CALLS = ("cu",)  # the host's CUDA runtime and driver calls: cudaLaunchKernel, cuLaunchKernelEx, cudaMemcpyAsync
+
+
 def _cuda_kernels(events) -> tuple[list, list[float], float, float]:
     """(kernel, launching operator, µs) for every device activity (kernels, copies, fills; not the ranges' copies
     on the device's timeline); the host's gaps between launch calls; the device's busy time (the union of its
-    activities) and the window from the first to the last one (µs)."""
-    ops = {e.id: e for e in events if e.device_type.name == "CPU" and e.linked_correlation_id == 0}
-    kernels = [
-        (e, ops.get(e.linked_correlation_id), e.time_range.end - e.time_range.start)
-        for e in events
-        if e.device_type.name == "CUDA" and not e.is_user_annotation
-    ]
-    calls = sorted(e.time_range.start for e in events if e.device_type.name == "CPU" and e.linked_correlation_id > 0)
-    spans = [(e.time_range.start, e.time_range.end) for e, _, _ in kernels]
+    activities) and the window from the first to the last one (µs). torch records the link from an activity to its
+    launch on each event from 2.13 (`linked_correlation_id`); before, only in each operator's `kernels` list, and
+    the launch calls are known by their names."""
+    device = [e for e in events if e.device_type.name == "CUDA" and not e.is_user_annotation]
+    host = [e for e in events if e.device_type.name == "CPU"]
+    if all(hasattr(e, "linked_correlation_id") for e in events):
+        ops = {e.id: e for e in host if e.linked_correlation_id == 0}
+        kernels = [(e, ops.get(e.linked_correlation_id), e.time_range.end - e.time_range.start) for e in device]
+        calls = sorted(e.time_range.start for e in host if e.linked_correlation_id > 0)
+    else:
+        kernels = [(k, e, k.duration) for e in host if not e.is_user_annotation for k in e.kernels]
+        calls = sorted(
+            e.time_range.start for e in host if not e.is_user_annotation and e.name.startswith(RUNTIME_CALLS)
+        )
+    spans = [(e.time_range.start, e.time_range.end) for e in device]
     window = (max(b for _, b in spans) - min(a for a, _ in spans)) if spans else 0.0
     return kernels, [b - a for a, b in itertools.pairwise(calls)], _union_us(spans), window
 
