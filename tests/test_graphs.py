@@ -29,10 +29,17 @@ def _run(tmp_path, name, device="cpu", **kw):
     return build(config, small_config(), torch.device(device), DistInfo(), None)
 
 
-def _eager_steps(run, start=0):
+def _eager_steps(run, start=0, grads=None):
+    """(loss, n_correct, batch size) of each eager step; with a list `grads`, each step's gradients appended to it
+    right after that step (the next step replaces them)."""
     batches = run.task.batches(epoch=0, batch_size=run.config.batch_size, seed=0, rank=0, world_size=1,
                                device=run.device, generator=run.augment_rng, start=start)  # fmt: skip
-    return [(*train_step(run, b), b.images.shape[0]) for b in batches]
+    steps = []
+    for b in batches:
+        steps.append((*train_step(run, b), b.images.shape[0]))
+        if grads is not None:
+            grads.append([p.grad.clone() for p in run.model.parameters()])
+    return steps
 
 
 @pytest.mark.parametrize("repeats, sizes", [(1, [32, 32, 8]), (2, [32, 32, 32, 32, 16])])
@@ -60,11 +67,18 @@ def test_static_steps_train_as_the_eager_loop(tmp_path):
     eager = _run(tmp_path, "eager")
     static = _run(tmp_path, "static")
     step_graph = graphs.StepGraph(static, train_step, capture=False)
-    got = list(step_graph.epoch(0, 0))
-    want = _eager_steps(eager)
+    got, grads = [], []
+    for step in step_graph.epoch(0, 0):
+        got.append(step)
+        grads.append([p.grad.clone() for p in static.model.parameters()])
+    grads_e = []
+    want = _eager_steps(eager, grads=grads_e)
     assert [n for *_, n in got] == [n for *_, n in want] == [32, 32, 8]
     for (loss, correct, _), (loss_e, correct_e, _) in zip(got, want, strict=True):
         assert torch.equal(loss, loss_e) and torch.equal(correct, correct_e)
+    for step, step_e in zip(grads, grads_e, strict=True):  # each step's own gradients, not only the last step's
+        assert all(torch.equal(g, g_e) for g, g_e in zip(step, step_e, strict=True))
+    assert not torch.equal(grads_e[0][0], grads_e[-1][0])
     for p, q in zip(static.model.parameters(), eager.model.parameters(), strict=True):
         assert torch.equal(p, q)
     resumed = list(graphs.StepGraph(_run(tmp_path, "r"), train_step, capture=False).epoch(0, 1))  # from batch 1
@@ -139,10 +153,7 @@ def test_captured_steps_equal_eager_steps(tmp_path, shift):
         eager, graphed = _run(tmp_path, "e", **kw), _run(tmp_path, "g", cuda_graphs=True, **kw)
         assert graphed.optimizer.param_groups[0]["capturable"]
         grads_e, grads_g = [], []
-        want = []
-        for loss, correct, n in _eager_steps(eager):
-            want.append((loss, correct, n))
-            grads_e.append([p.grad.clone() for p in eager.model.parameters()])
+        want = _eager_steps(eager, grads=grads_e)
         steps = graphs.epoch_steps(graphed, 0, 0, train_step)
         assert steps is not None
         got = []
