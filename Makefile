@@ -67,7 +67,8 @@ gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --out gpu_check
 
 # A lent GPU machine's first command, from the source tree with its own python3 (no install): the check with the
-# training-step profile, graphs and Triton kernels, in about 9 minutes; writes gpu_session/ (docs/benchmarks.md#gpu).
+# training-step profile, graphs and Triton kernels, then the Fashion-MNIST rows results/ lacks (when .gpu-data holds
+# the data), in 9.3 minutes; writes gpu_session/ (docs/benchmarks.md#gpu).
 gpu-session:
 	bash benchmarks/gpu_session.sh gpu_session
 

@@ -46,7 +46,7 @@ from ..training.checkpoint_data import checkpoint_data
 from ..training.config import TrainConfig
 from ..training.evaluator import evaluate, standardizes_channels
 from ..training.hardware import resolve_device
-from .zoo import cpu_name, git_commit
+from .zoo import device_name, git_commit
 
 RESULT_PREFIX = "capsnet-compare-result: "
 INFER_BATCH = 100  # the batch of the batched inference speed
@@ -165,11 +165,6 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
-def device_name(device: torch.device) -> str:
-    """The GPU's name, or the host's CPU as the results data names it."""
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
 def _sync(device: torch.device) -> None:

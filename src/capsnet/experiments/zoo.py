@@ -223,15 +223,20 @@ def model_row(plan: ZooPlan, model: str, seeds: list[dict[str, Any]], numbers: l
         epochs=train_cfg["epochs"],
         batch_size=train_cfg["batch_size"],
         precision=train_cfg["precision"],
-        cpu=cpu_name(),
+        cpu=device_name(resolve_device(plan.device)),
         torch=torch.__version__,
         commit=git_commit(),
-        command=plan.command(model, len(numbers)),
+        command=plan.command(model, len(numbers), device=_cuda_flag(plan)),
         status=status,
     )
     row = with_accuracies(row, numbers, [100 * b["accuracy"] for b in best])
     affine = with_accuracies(row, numbers, [100 * s["affine"] for s in seeds])
     return dataclasses.replace(row, affine_acc_mean=affine.test_acc_mean, affine_acc_std=affine.test_acc_std)
+
+
+def _cuda_flag(plan: ZooPlan) -> str | None:
+    """The device flag of a plan that trains on a GPU ("cuda": its rows' commands say so), else None."""
+    return "cuda" if resolve_device(plan.device).type == "cuda" else None
 
 
 def already_done(plan: ZooPlan, model: str, seeds: list[int]) -> bool:
@@ -307,6 +312,11 @@ def cpu_name() -> str:
     )
     isa += "/AMX" if "amx_bf16" in flags else ""
     return ", ".join(x for x in (model, f"{os.cpu_count()} cores", isa) if x)
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the host's CPU as the results data names it."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
 def git_commit() -> str:
