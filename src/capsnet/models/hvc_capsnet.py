@@ -73,8 +73,8 @@ class BatchNormShift(nn.Module):
         self.running_var: torch.Tensor
         self.register_buffer("running_mean", torch.zeros(n))
         self.register_buffer("running_var", torch.ones(n))
-        # γ = 1, not learned and not saved. A defined γ: CUDA's batch norm without one fails its backward in
-        # evaluation ("tensor does not have a device", torch 2.11), and cuDNN's takes only a γ and a β.
+        # γ = 1, not learned and not saved, passed because CUDA's native batch norm without a γ fails its backward
+        # in evaluation mode ("tensor does not have a device", torch 2.11), and cuDNN's is used only with a γ.
         self.unit_scale: torch.Tensor
         self.register_buffer("unit_scale", torch.ones(n), persistent=False)
 
