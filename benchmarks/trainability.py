@@ -28,12 +28,13 @@ from typing import Any
 from capsnet.config import from_dict, parse_option
 from capsnet.data.synthetic import CASES, SUITE_EPOCHS, write_case
 from capsnet.errors import ConfigError
-from capsnet.experiments.zoo import cpu_name, git_commit
+from capsnet.experiments.zoo import device_name, git_commit
 from capsnet.models.registry import MODELS
 from capsnet.results import Row, with_accuracies, write_rows
 from capsnet.results_tables import STOPPED
 from capsnet.training.api import train
 from capsnet.training.config import TrainConfig
+from capsnet.training.hardware import resolve_device
 
 
 def case_folder(case: str, work: Path) -> Path:
@@ -116,7 +117,7 @@ def case_row(
         val_images=n_val,
         test_images=n_classes * n_test,
         epochs=epochs,
-        cpu=cpu_name(),
+        cpu=device_name(resolve_device(TrainConfig.device)),  # where `capsnet train` runs by default
         commit=git_commit(),
         command=f"python benchmarks/trainability.py --models {model} --cases {case} --seeds {seeds}{flags}",
     )
