@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import re
@@ -166,25 +167,31 @@ def run_routing(device: str, smoke: bool, timeout: float) -> list[dict]:
     return results
 
 
-def peak_memory(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+def reset_peak(device: torch.device) -> float:
+    """Free what earlier rows left (garbage, cached blocks) and restart the peak count; returns the MiB still
+    allocated, which `peak_memory` leaves out of this row's figure."""
+    if device.type != "cuda":
+        return 0.0
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device) / 2**20
 
 
-def reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
+def peak_memory(device: torch.device, before: float) -> float | None:
+    """The row's peak GPU memory (MiB) above what was allocated when it began (`before`, from `reset_peak`)."""
+    return torch.cuda.max_memory_allocated(device) / 2**20 - before if device.type == "cuda" else None
 
 
 def time_capsnet(dataset: str, batch: int, variant: str, device: torch.device, model_config) -> dict:
     fields, triton = variant_options(variant)
-    reset_peak(device)
+    before = reset_peak(device)
     with tempfile.TemporaryDirectory(prefix="capsnet-gpu-check-") as out, triton_routing(triton):
         config = TrainConfig(dataset=dataset, batch_size=batch, epochs=2, lr_end=1.0, device=str(device), out=out,
                              progress=False, tensorboard=False, test_subset=1000, **fields)  # fmt: skip
         row = train(config, model_config).history[-1]  # the second epoch: warm, compiled, captured
     return {"loop": "capsnet", "variant": variant, "batch": batch, "images_per_s": row["images_per_s"],
-            "seconds": row["seconds"], "peak_mib": peak_memory(device)}  # fmt: skip
+            "seconds": row["seconds"], "peak_mib": peak_memory(device, before), "held_before_mib": before}  # fmt: skip
 
 
 def describe(e: Exception) -> str:
@@ -224,10 +231,10 @@ def run_profile(device: torch.device, batches: list[int], variants: list[str], s
 
 
 def time_labml(dataset: str, batch: int, device: torch.device, n: int) -> dict:
-    reset_peak(device)
+    before = reset_peak(device)
     rate = labml_epoch(batch, device, seed=0, dataset=dataset)
     return {"loop": "labml", "variant": "fp32", "batch": batch, "images_per_s": rate, "seconds": n / rate,
-            "peak_mib": peak_memory(device)}  # fmt: skip
+            "peak_mib": peak_memory(device, before), "held_before_mib": before}  # fmt: skip
 
 
 def accuracy_run(best: dict, device: torch.device, seconds_left: float, smoke: bool, dataset: str,
