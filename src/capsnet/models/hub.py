@@ -73,7 +73,6 @@ def shipped_tags(name: str) -> list[str]:
 NOT_SHIPPED: dict[str, str] = {
     "baseline": "35.4 M parameters, 71 MB in float16: more than the wheel holds",
     "deepcaps": "17 MB in float16 would take the shipped weights past their 45 MiB budget",
-    "heinsen-capsnet": "80.45% after its 10-epoch sample budget (1 seed), still learning",
 }
 
 
