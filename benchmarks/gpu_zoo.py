@@ -131,6 +131,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--merge: no such file: {args.merge}")
     if args.merge is None and args.out is None:
         parser.error("--out is needed (or --merge)")
+    if args.dataset and not Path(args.dataset).is_dir():
+        parser.error(f"--dataset: no such folder: {args.dataset}")
+    for name in ("minutes", "seeds", "parallel"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name} must be positive, got {getattr(args, name)}")
     if args.models:
         unknown = [m for m in args.models.split(",") if m not in MODELS]
         if unknown:

@@ -78,6 +78,9 @@ def test_rows_of_fewer_seeds_say_so_and_merge_into_results(tmp_path):
         (["--merge", "nowhere.csv"], "--merge: no such file: nowhere.csv"),
         ([], "--out is needed (or --merge)"),
         (["--out", "o", "--models", "capsnet,nomodel"], "--models: unknown model 'nomodel'"),
+        (["--out", "o", "--dataset", "no/such/folder"], "--dataset: no such folder: no/such/folder"),
+        (["--out", "o", "--minutes", "0"], "--minutes must be positive, got 0.0"),
+        (["--out", "o", "--parallel", "-1"], "--parallel must be positive, got -1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
