@@ -7,12 +7,13 @@ seed), several at once on the GPU, then each model's row from the seeds that fin
 
 Without --models, every registered model whose row in results/fashion-mnist.csv has fewer than --seeds seeds, the
 slowest on this project's CPU first (results/cost.csv): those are the rows a CPU cannot make (but not em-capsnet,
-whose seed takes longer than a session on a GPU too: SLOW_ON_A_GPU). Seed 0 of every model
-starts first, then the seeds 1, then the seeds 2. A process still running when the training time is up is stopped,
-and its run is lost with the machine. Each model then gets the row of its finished seeds 0..k-1 (`capsnet reproduce
-zoo --seeds k`, which trains nothing for a finished run) in OUT/fashion-mnist.csv; a row of fewer seeds than asked
-for says so in its note. OUT/logs.tgz holds every process's output; the runs stay in --work (OUT/work). The
-rows record the GPU, and the batch each model trains at on CUDA (128 where its recipe sets none; 16 on a CPU).
+whose seed takes longer than a session on a GPU too: SLOW_ON_A_GPU). The models without a row come first, all their
+seeds (seed 0 of each, then the seeds 1, then the seeds 2), and then the models whose row has too few seeds (trained
+from seed 0 again: a row is one machine's seeds). A process still running when the training time is up is stopped, and
+its run is lost with the machine. Each model then gets the row of its finished seeds 0..k-1 (`capsnet reproduce zoo
+--seeds k`, which trains nothing for a finished run) in OUT/fashion-mnist.csv; a row of fewer seeds than asked for
+says so in its note. OUT/logs.tgz holds every process's output; the runs stay in --work (OUT/work). The rows record
+the GPU, and the batch each model trains at on CUDA (128 where its recipe sets none; 16 on a CPU).
 benchmarks/gpu_session.sh runs this after the GPU check.
 """
 
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,20 +43,27 @@ def job_name(job: Job) -> str:
     return f"{job[0]}-row" if job[1] < 0 else f"{job[0]}-seed-{job[1]}"
 
 
-def wanted_models(results: Path, seeds: int, precision: str) -> list[str]:
-    """The registered models whose Fashion-MNIST row has fewer than `seeds` seeds, slowest on the CPU first (but
-    not those SLOW_ON_A_GPU)."""
+def rows_held(results: Path) -> dict[str, int]:
+    """How many seeds each model's row in results/fashion-mnist.csv has (a model without a row: absent)."""
     path = results / "fashion-mnist.csv"
     rows = read_rows(path) if path.is_file() else []
-    have = {r.model: len(r.seeds.split()) for r in rows if r.test_acc_mean is not None}
+    return {r.model: len(r.seeds.split()) for r in rows if r.test_acc_mean is not None}
+
+
+def wanted_models(results: Path, seeds: int, precision: str) -> list[str]:
+    """The registered models whose Fashion-MNIST row has fewer than `seeds` seeds (but not those SLOW_ON_A_GPU):
+    those without a row first, then those with too few seeds; within each, the slowest on the CPU first."""
+    have = rows_held(results)
     models = [m for m in MODELS if have.get(m, 0) < seeds and m not in SLOW_ON_A_GPU]
     hours = {m: seed_hours(results, m, precision, FASHION_EPOCHS) or 0.0 for m in models}
-    return sorted(models, key=lambda m: -hours[m])
+    return sorted(models, key=lambda m: (m in have, -hours[m]))
 
 
-def jobs_in_order(models: Sequence[str], seeds: int) -> list[Job]:
-    """Seed 0 of every model, then seed 1 of every model, and so on."""
-    return [(m, s) for s in range(seeds) for m in models]
+def jobs_in_order(models: Sequence[str], seeds: int, *, first: Collection[str] = ()) -> list[Job]:
+    """Every seed of the models in `first`, then every seed of the others; within each group seed 0 of every model,
+    then seed 1 of every model, and so on."""
+    groups = [[m for m in models if m in first], [m for m in models if m not in first]]
+    return [(m, s) for group in groups for s in range(seeds) for m in group]
 
 
 def run_jobs(
@@ -113,6 +121,18 @@ def note_short_rows(path: Path, asked: int) -> None:
         write_rows(path, [replace(r, note="; ".join(x for x in (r.note, said) if x))])
 
 
+def merge(new: Path, path: Path) -> None:
+    """The rows of `new` into `path`, each where `path` holds no row of more seeds for its model."""
+    have = rows_held(path.parent)
+    rows = read_rows(new)
+    kept = [r for r in rows if len(r.seeds.split()) >= have.get(r.model, 0)]
+    write_rows(path, kept)
+    print(f"merged {len(kept)} rows into {path}: {', '.join(r.model for r in kept) or 'none'}")
+    for r in rows:
+        if r not in kept:
+            print(f"kept {path}'s row of {r.model}: {have[r.model]} seeds, against {len(r.seeds.split())} here")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="OUT: fashion-mnist.csv and logs.tgz")
@@ -144,14 +164,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def train_seeds(args: argparse.Namespace, models: list[str], until: float) -> ZooPlan:
+def train_seeds(args: argparse.Namespace, models: list[str], until: float, *, first: Collection[str]) -> ZooPlan:
     """Every (model, seed) until `until`; the plan that says where each seed's run is."""
     scratch = args.work / "rows"  # each process's own one-seed row, not kept
 
     def seed_command(job: Job) -> list[str]:
         return zoo_command(job[0], first=job[1], seeds=1, args=args, results=scratch / f"{job[0]}-{job[1]}")
 
-    run_jobs(jobs_in_order(models, args.seeds), seed_command, parallel=args.parallel, until=until, logs=args.logs)
+    jobs = jobs_in_order(models, args.seeds, first=first)
+    run_jobs(jobs, seed_command, parallel=args.parallel, until=until, logs=args.logs)
     return ZooPlan(
         benchmark="fashion-mnist",
         models=list(MODELS),
@@ -181,9 +202,7 @@ def make_rows(args: argparse.Namespace, models: list[str], finished: Callable[[s
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.merge is not None:
-        rows = read_rows(args.merge)
-        write_rows(args.results / "fashion-mnist.csv", rows)
-        print(f"merged {len(rows)} rows into {args.results / 'fashion-mnist.csv'}: {', '.join(r.model for r in rows)}")
+        merge(args.merge, args.results / "fashion-mnist.csv")
         return 0
     start = time.monotonic()
     models = args.models or wanted_models(args.results, args.seeds, args.precision)
@@ -191,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     args.logs = args.work / "logs"
     args.logs.mkdir(parents=True, exist_ok=True)
     print(f"gpu_zoo: {', '.join(models) or 'nothing to do'}; {args.seeds} seeds; {args.minutes} min", flush=True)
-    plan = train_seeds(args, models, until=start + 60 * args.minutes - ROWS_SECONDS)
+    rowless = [] if args.models else [m for m in models if m not in rows_held(args.results)]
+    plan = train_seeds(args, models, until=start + 60 * args.minutes - ROWS_SECONDS, first=rowless)
 
     def finished(model: str, seed: int) -> bool:  # trained and tested (a stopped affine pass: the row process's)
         return (plan.run_dir(model, seed) / "test.json").is_file()

@@ -35,8 +35,14 @@ def test_the_missing_rows_go_first_the_slowest_on_a_cpu_first(tmp_path):
     write_rows(tmp_path / "cost.csv", [_cost("deepcaps", 20.0)])
     models = gpu_zoo.wanted_models(tmp_path, 3, "bf16")
     assert set(models) == set(MODELS) - {"efficient-capsnet", "em-capsnet"}  # done; too slow on a GPU too
-    assert models[:3] == ["deepcaps", "baseline", "capsnet"]  # 20, 30 and 50 img/s; the rest have no speed
+    assert models[:2] == ["deepcaps", "baseline"]  # no row: 20 and 30 img/s, then those without a speed
+    assert models[-1] == "capsnet"  # its row has 1 seed of 3: after every model without a row
+
+
+def test_every_seed_of_the_rowless_models_goes_before_the_short_rows():
     assert gpu_zoo.jobs_in_order(["a", "b"], 2) == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+    jobs = gpu_zoo.jobs_in_order(["a", "b", "c"], 2, first={"b", "c"})
+    assert jobs == [("b", 0), ("c", 0), ("b", 1), ("c", 1), ("a", 0), ("a", 1)]
 
 
 def test_jobs_run_a_few_at_a_time_and_those_running_at_the_limit_are_stopped(tmp_path):
@@ -70,6 +76,19 @@ def test_rows_of_fewer_seeds_say_so_and_merge_into_results(tmp_path):
     assert gpu_zoo.main(["--merge", str(out), "--results", str(results)]) == 0
     merged = {r.model: r.seeds for r in read_rows(results / "fashion-mnist.csv")}
     assert merged == {"capsnet": "0", "baseline": "0 1 2", "em-capsnet": "0"}  # baseline's row replaced
+
+
+def test_a_merge_keeps_a_row_of_more_seeds(tmp_path, capsys):
+    out = tmp_path / "fashion-mnist.csv"
+    write_rows(out, [_row("baseline", [0]), _row("capsnet", [0, 1])])
+    results = tmp_path / "results"
+    results.mkdir()
+    write_rows(results / "fashion-mnist.csv", [_row("baseline", [0, 1, 2]), _row("capsnet", [0, 1])])
+    assert gpu_zoo.main(["--merge", str(out), "--results", str(results)]) == 0
+    merged = {r.model: r.seeds for r in read_rows(results / "fashion-mnist.csv")}
+    assert merged == {"baseline": "0 1 2", "capsnet": "0 1"}
+    said = capsys.readouterr().out.splitlines()
+    assert said[-1].startswith("kept ") and said[-1].endswith("row of baseline: 3 seeds, against 1 here")
 
 
 @pytest.mark.parametrize(
