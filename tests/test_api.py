@@ -162,9 +162,11 @@ def test_shipped_weights_load_offline_by_tag(weights_root, capsys):
     assert rows["capsnet"]["weights"] == ["mnist-sample"] and rows["baseline"]["weights"] == []
     assert rows["baseline"]["aliases"] == ["baseline-cnn"]
     assert rows["baseline"]["own_data_epoch_steps"] == 200
-    for name in ("capsnet", "inverted-attention-capsnet", "vb-capsnet", "heinsen-capsnet"):  # (docs/training.md)
-        assert rows[name]["own_data_epoch_steps"] == 400, name
+    for name in ("capsnet", "inverted-attention-capsnet", "vb-capsnet", "heinsen-capsnet", "em-capsnet"):
+        assert rows[name]["own_data_epoch_steps"] == 400, name  # (docs/training.md)
     assert rows["heinsen-capsnet"]["own_data_options"] == {"p_model": "skm"}
+    small = {"conv_channels": 64, "primary_types": 8, "caps1_types": 16, "caps2_types": 16}  # the paper's small net
+    assert rows["em-capsnet"]["own_data_options"] == small
     assert rows["capsnet"]["own_data_options"] == {} and rows["baseline"]["own_data_options"] == {"pool": True}
     assert main(["models"]) == 0
     table = capsys.readouterr().out.splitlines()

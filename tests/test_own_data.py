@@ -306,6 +306,7 @@ def test_a_model_may_set_its_own_fewest_steps_an_epoch():
 
 def test_a_model_may_set_its_own_options_for_ones_own_data():
     from capsnet.models.baseline import BaselineCNN
+    from capsnet.models.em_capsnet import SMALL, EMCapsNet
     from capsnet.models.heinsen_capsnet import HeinsenCapsNet
     from capsnet.training.config import own_data_options
 
@@ -320,6 +321,7 @@ def test_a_model_may_set_its_own_options_for_ones_own_data():
             own_data_options(Own)
     assert own_data_options(HeinsenCapsNet) == {"p_model": "skm"}  # (docs/training.md says why)
     assert own_data_options(BaselineCNN) == {"pool": True}
+    assert own_data_options(EMCapsNet) == SMALL  # the paper's small network
     for name, cls in MODELS.items():  # every registered model's are fields of its config
         assert isinstance(own_data_options(cls), dict), name
 
