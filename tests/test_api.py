@@ -162,7 +162,8 @@ def test_shipped_weights_load_offline_by_tag(weights_root, capsys):
     assert rows["capsnet"]["weights"] == ["mnist-sample"] and rows["baseline"]["weights"] == []
     assert rows["baseline"]["aliases"] == ["baseline-cnn"]
     assert rows["baseline"]["own_data_epoch_steps"] == 200
-    for name in ("capsnet", "inverted-attention-capsnet", "vb-capsnet", "heinsen-capsnet", "em-capsnet"):
+    assert rows["em-capsnet"]["own_data_epoch_steps"] == 600
+    for name in ("capsnet", "inverted-attention-capsnet", "vb-capsnet", "heinsen-capsnet"):
         assert rows[name]["own_data_epoch_steps"] == 400, name  # (docs/training.md)
     assert rows["heinsen-capsnet"]["own_data_options"] == {"p_model": "skm"}
     small = {"conv_channels": 64, "primary_types": 8, "caps1_types": 16, "caps2_types": 16}  # the paper's small net

@@ -80,11 +80,12 @@ class EMCapsNet(Pretrained, nn.Module):
     saved_defaults: ClassVar[dict[str, Any]] = {"coordinate_style": "receptive-field"}
     routing_method = "em"  # what `capsnet visualize` names the routing figure after
     default_lr = 3e-3  # Adam; the paper gives none (docs/benchmarks.md, EM routing)
-    # On one's own data, the paper's small network (SMALL, 5.7x less time a step) for 400 steps an epoch: the main
-    # one at 200 steps was still learning after 10 epochs (docs/training.md, "What learns a folder of one's own").
+    # On one's own data, the paper's small network (SMALL, 5.7x less time a step) for 600 steps an epoch: the main
+    # one at 200 steps, and the small one at 400, were still learning after 10 epochs (docs/training.md, "What learns
+    # a folder of one's own").
     # Recorded recipes (smallNORB, MNIST, ...) keep the main network and one pass an epoch.
     own_data_options: ClassVar[dict[str, Any]] = dict(SMALL)
-    own_data_epoch_steps = 400
+    own_data_epoch_steps = 600
 
     def __init__(self, *, config: EMCapsNetConfig | None = None, **options):
         super().__init__()
