@@ -53,20 +53,27 @@ def test_a_run_stops_after_the_epoch_that_reaches_stop_at_val_acc_and_stays_stop
     first = read_summary(out)[0]["val_acc"]
     assert _train(out, rgb, "--epochs", "2", "--resume", "--stop-at-val-acc", "1.0") == 0
     assert len(read_summary(out)) == (1 if first >= 1.0 else 2)
+    # 0 turns the recorded threshold off: the run trains on to --epochs, and its record says 0 from then on
+    assert _train(out, rgb, "--epochs", "3", "--resume", "--stop-at-val-acc", "0") == 0
+    assert len(read_summary(out)) == 3 and load_state(out)["epoch"] == 3
+    assert json.loads((out / "config.json").read_text())["train"]["stop_at_val_acc"] == 0
+    assert _train(out, rgb, "--epochs", "4", "--resume") == 0
+    assert len(read_summary(out)) == 4
 
 
-@pytest.mark.parametrize("value", ["0", "1.5"])
+@pytest.mark.parametrize("value", ["-0.5", "1.5"])
 def test_stop_at_val_acc_outside_0_1_or_without_validation_is_one_line_and_exit_2(tmp_path, rgb, capsys, value):
-    with pytest.raises(ConfigError, match=r"stop_at_val_acc must be in \(0, 1\]"):
+    with pytest.raises(ConfigError, match=r"stop_at_val_acc must be in \[0, 1\] \(0: never stop early\)"):
         TrainConfig(stop_at_val_acc=float(value))
     assert _train(tmp_path / "run", rgb, "--epochs", "1", "--stop-at-val-acc", value) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "stop_at_val_acc must be in (0, 1]" in err[0], err
+    assert len(err) == 1 and "stop_at_val_acc must be in [0, 1]" in err[0], err
     args = ["train", "--dataset", str(rgb), "--out", str(tmp_path / "nv"), "--val-fraction", "0", *MODEL, *QUIET]
     assert main([*args, "--epochs", "1", "--stop-at-val-acc", "0.5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--stop-at-val-acc needs a validation split" in err[0] and "--val-fraction" in err[0]
     assert not (tmp_path / "nv" / "config.json").exists()
+    assert main([*args, "--epochs", "1", "--stop-at-val-acc", "0"]) == 0  # (off: no validation needed)
 
 
 def test_fit_stops_at_val_acc_too(tmp_path):

@@ -153,9 +153,10 @@ def fit(
     else to lr × 0.25. Giving both is a ConfigError. `monitor` chooses best/ (capsnet.training.selection: "val_loss",
     the default, "val_accuracy", or "val_accuracy,val_loss"); `ema` (a decay, e.g. 0.999) keeps a moving average of
     the weights, scored beside them each epoch, and best/ may hold it (capsnet.training.ema). `stop_at_val_acc`
-    (e.g. 1.0) ends the run after the first epoch whose validation accuracy reaches it. `on_step(step)`
-    returning True stops with a checkpoint, as SIGINT and SIGTERM do. `progress=False`: no progress bar and no
-    information lines (the `capsnet` logger shows warnings only while it runs).
+    (e.g. 1.0) ends the run after the first epoch whose validation accuracy reaches it (0: never, which a resumed
+    run may give to train on past a recorded threshold). `on_step(step)` returning True stops with a checkpoint, as
+    SIGINT and SIGTERM do. `progress=False`: no progress bar and no information lines (the `capsnet` logger shows
+    warnings only while it runs).
 
     Every batch reaches the model through its input recipe (capsnet.models.recipe): raw uint8 pixels or floats in
     [0, 1] become what it records (÷ 255 for a fresh model; a pretrained one's own scaling). `digits` records

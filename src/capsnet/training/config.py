@@ -111,7 +111,7 @@ class LoopConfig:
         metadata={
             "help": "stop after the first epoch whose validation accuracy reaches this (e.g. 1.0; Lightning's "
             "stopping_threshold), before --epochs; best/ and the test split as at the run's end; needs a "
-            "validation split"
+            "validation split; 0: never (on --resume, a run recorded with a threshold trains on to --epochs)"
         },
     )
     ema: float | None = field(
@@ -162,8 +162,8 @@ class LoopConfig:
         check_schedule(self.lr, self.lr_decay, self.lr_end)
         if self.monitor is not None:
             Monitor.parse(self.monitor)
-        if self.stop_at_val_acc is not None and not 0 < self.stop_at_val_acc <= 1:
-            raise ConfigError(f"stop_at_val_acc must be in (0, 1], got {self.stop_at_val_acc}")
+        if self.stop_at_val_acc is not None and not 0 <= self.stop_at_val_acc <= 1:
+            raise ConfigError(f"stop_at_val_acc must be in [0, 1] (0: never stop early), got {self.stop_at_val_acc}")
         check_decay(self.ema)
         if self.overwrite and self.resume:
             raise ConfigError("overwrite deletes the run that resume would continue: give one of them")

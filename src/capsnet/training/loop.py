@@ -107,8 +107,8 @@ def reached(run: Run, state: RunState) -> bool:
     """Whether the last finished epoch's validation accuracy reached --stop-at-val-acc (then the run ends there, as
     at its last epoch; a resumed run that had reached it trains no further, one stopped mid-epoch finishes that
     epoch first). Every rank reads the same reduced row."""
-    threshold = run.config.stop_at_val_acc
-    if threshold is None or not state.history or state.batch_in_epoch > 0:
+    threshold = run.config.stop_at_val_acc  # None (not given) and 0 (turned off) never stop
+    if not threshold or not state.history or state.batch_in_epoch > 0:
         return False
     if state.history[-1].get("val_acc", -1.0) < threshold:
         return False

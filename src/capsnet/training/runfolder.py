@@ -94,7 +94,7 @@ def open_run(
     task = make_task(config)
     if check_task is not None:
         check_task(config, task)
-    if config.stop_at_val_acc is not None and not task.has_val:
+    if config.stop_at_val_acc and not task.has_val:
         cli = flag.startswith("--")
         named, hold = (
             ("--stop-at-val-acc", "--val-fraction") if cli else ("stop_at_val_acc=", "val_fraction= or val_data=")
