@@ -389,8 +389,14 @@ def test_model_losses(kind):
         if kind == "spread":
             assert parts["spread_margin"] == pytest.approx(spread_margin(step / 4))
     model.eval()
-    model.loss(model(x), x, y)  # evaluation does not advance the margin schedule
+    total, parts = model.loss(model(x), x, y)  # evaluation does not advance the margin schedule
     assert model.margin_steps == (steps if kind == "spread" else 0)
+    if kind == "spread":  # and scores at the final margin, whatever the step, so validation losses compare
+        assert parts["spread_margin"] == pytest.approx(0.9)
+        model.margin_steps = 0
+        again, _ = model.loss(model(x), x, y)
+        torch.testing.assert_close(again, total)
+        torch.testing.assert_close(total, SpreadLoss(10)(model(x).lengths, y, 0.9))
 
 
 def test_save_and_load_strict(tiny_model, tmp_path):

@@ -162,7 +162,8 @@ class EMCapsNet(Pretrained, nn.Module):
         tensors, so a training step never waits for the device; the spread margin as a float)."""
         kind = self.config.class_loss
         if kind == "spread":
-            m = self.current_margin()
+            # evaluation at the final margin (0.9), so that validation losses of different epochs compare (best/)
+            m = self.current_margin() if self.training else spread_margin(1.0)
             total = self.spread_loss(full_precision(out.lengths), labels, m)
             parts = {"spread": total.detach(), "spread_margin": m}
             if self.training and torch.is_grad_enabled():
