@@ -12,11 +12,13 @@ not yet learn it: docs/training.md, "What learns a folder of one's own".
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from capsnet.cli import main
 from capsnet.data.synthetic import CASES, SUITE_EPOCHS, make_case, write_case, write_folder
+from capsnet.errors import DatasetError
 from capsnet.models.registry import MODELS
 from capsnet.routing import inverted_attention_cpu as ia_cpu
 from capsnet.training.checkpoint import read_summary
@@ -49,6 +51,23 @@ def test_the_case_is_the_issues_set(shapes):
     assert (case.n_train, SUITE_EPOCHS) == (100, 10)
     for name in case.classes:
         assert len(list((shapes / "train" / name).glob("*.png"))) == 100
+
+
+def test_runs_started_side_by_side_each_read_the_whole_case(tmp_path):
+    """Writers racing on one folder: each returns only once the whole case is there, and no partial copy is left."""
+    root, case = tmp_path / "work" / "shapes", CASES["shapes"]
+
+    def counts(_) -> list[int]:  # the images one writer finds the moment write_case returns
+        folder = write_case("shapes", root)
+        return [len(list((folder / part / c).glob("*.png"))) for part in ("train", "test") for c in case.classes]
+
+    with ThreadPoolExecutor(3) as pool:
+        seen = list(pool.map(counts, range(4)))
+    assert seen == [[case.n_train] * 3 + [case.n_test] * 3] * 4
+    assert sorted(p.name for p in root.parent.iterdir()) == ["shapes"]
+    (tmp_path / "other" / "x").mkdir(parents=True)
+    with pytest.raises(DatasetError, match="exists and does not hold the case 'shapes': give an empty folder"):
+        write_case("shapes", tmp_path / "other")
 
 
 @pytest.mark.slow

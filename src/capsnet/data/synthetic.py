@@ -17,6 +17,8 @@ folders of PNG files, which `capsnet train --dataset FOLDER` reads.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,13 +185,27 @@ def write_folder(data: Dataset, root: str | Path) -> Path:
 
 
 def write_case(name: str, root: str | Path, *, seed: int = 0) -> Path:
-    """The case `name` at the suite's sizes as class folders under `root` (written once: kept when present)."""
+    """The case `name` at the suite's sizes as class folders under `root` (written once: kept when present).
+
+    Written into a temporary sibling folder and renamed into place, so that runs started side by side on one `root`
+    each read the whole case: the first rename wins, the others' copies (the same images) are dropped."""
     root = Path(root)
-    if not (root / "test").is_dir():
-        case = CASES.get(name)
-        if case is None:
-            raise DatasetError(f"unknown trainability case {name!r}; known: {', '.join(CASES)}")
-        write_folder(make_case(name, n_per_class=case.n_train, n_test_per_class=case.n_test, seed=seed), root)
+    if (root / "test").is_dir():
+        return root
+    case = CASES.get(name)
+    if case is None:
+        raise DatasetError(f"unknown trainability case {name!r}; known: {', '.join(CASES)}")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
+    try:
+        write_folder(make_case(name, n_per_class=case.n_train, n_test_per_class=case.n_test, seed=seed), partial)
+        try:
+            partial.rename(root)  # (onto a missing or empty folder)
+        except OSError:
+            if not (root / "test").is_dir():
+                raise DatasetError(f"{root} exists and does not hold the case {name!r}: give an empty folder") from None
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return root
 
 
