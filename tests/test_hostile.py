@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 
 from capsnet import CapsNet
 from capsnet.cli import main
-from capsnet.fileio import atomic_open, temporary_beside
+from capsnet.fileio import atomic_open, staging_folder, temporary_beside
 from capsnet.limits import MAX_CLASSES, MAX_IMAGE_SIDE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -319,6 +319,21 @@ def test_a_planted_symlink_is_never_followed(tmp_path, monkeypatch):
     with atomic_open(tmp_path / "state.pt") as f:
         f.write(b"state")
     assert victim.read_text() == "another user's file" and (tmp_path / "state.pt").read_bytes() == b"state"
+
+
+def test_a_staging_folder_is_private_and_leaves_nothing_unless_renamed(tmp_path):
+    """A folder is built in a random mkdtemp folder (mode 0700) beside its target: renamed, it is the target; failed,
+    nothing of it is left, and the target keeps what it held."""
+    target = tmp_path / "case"
+    with staging_folder(target) as staging:
+        assert staging.parent == tmp_path and staging.stat().st_mode & 0o777 == 0o700
+        (staging / "a.png").write_bytes(b"image")
+        staging.rename(target)
+    assert [p.name for p in tmp_path.iterdir()] == ["case"] and (target / "a.png").read_bytes() == b"image"
+    with pytest.raises(RuntimeError), staging_folder(target) as staging:
+        (staging / "b.png").write_bytes(b"half")
+        raise RuntimeError("killed while writing")
+    assert [p.name for p in tmp_path.iterdir()] == ["case"] and [p.name for p in target.iterdir()] == ["a.png"]
 
 
 def test_export_writes_through_a_random_temporary(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
-"""Atomic file writes: a kill at any moment leaves either the old file or the new one, never half of one.
+"""Atomic file and folder writes: a kill at any moment leaves either the old file or the new one, never half of one.
 
 Every temporary file is created by `tempfile.mkstemp` (O_CREAT|O_EXCL, a random name, mode 0600) in the target's
-own folder: a symlink or file planted at a predictable name is never followed nor overwritten. A write that fails
+own folder: a symlink or file planted at a predictable name is never followed nor overwritten. A whole folder is built
+in a `staging_folder` (mkdtemp beside it) and renamed into place. A write that fails
 (a full disk) raises the OSError naming the target, and the target keeps what it held.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,6 +61,19 @@ def temporary_beside(path: str | os.PathLike, *, suffix: str = "") -> Iterator[P
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def staging_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """A new empty folder of a random name (mkdtemp, mode 0700) in `path`'s parent, in which a writer builds a whole
+    folder before renaming it to `path`; removed with what it holds on the way out unless it was renamed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _reraise_named(e: OSError, path: Path) -> NoReturn:

@@ -17,8 +17,6 @@ folders of PNG files, which `capsnet train --dataset FOLDER` reads.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import DatasetError
+from ..fileio import staging_folder
 from .split import Dataset, Split
 
 SHAPES = ("circle", "square", "triangle", "diamond", "cross")
@@ -195,17 +194,13 @@ def write_case(name: str, root: str | Path, *, seed: int = 0) -> Path:
     case = CASES.get(name)
     if case is None:
         raise DatasetError(f"unknown trainability case {name!r}; known: {', '.join(CASES)}")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
-    try:
+    with staging_folder(root) as partial:
         write_folder(make_case(name, n_per_class=case.n_train, n_test_per_class=case.n_test, seed=seed), partial)
         try:
             partial.rename(root)  # (onto a missing or empty folder)
         except OSError:
             if not (root / "test").is_dir():
                 raise DatasetError(f"{root} exists and does not hold the case {name!r}: give an empty folder") from None
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
     return root
 
 

@@ -28,14 +28,13 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError, DownloadError
 from ..fetch import cache_root, fetch_url, file_digest, url_problem
-from ..fileio import atomic_write_json
+from ..fileio import atomic_write_json, staging_folder
 from ..limits import CONFIG_DOWNLOAD_DEADLINE_S, MAX_CONFIG_DOWNLOAD_BYTES
 
 WEIGHTS_ROOT = Path(__file__).with_name("weights")
@@ -136,10 +135,8 @@ def fetch_pretrained(url: str, *, cache_dir: str | os.PathLike | None = None) ->
     folder = root / sha256
     if _pinned(folder, sha256):
         return folder
-    root.mkdir(parents=True, exist_ok=True)
     for attempt in range(1, FOLDER_FETCHES + 1):
-        staging = Path(tempfile.mkdtemp(prefix=f".{sha256[:16]}.", suffix=".tmp", dir=root))
-        try:
+        with staging_folder(folder) as staging:  # (a failed try leaves nothing for the next one)
             got = _fetch_folder(base, staging)
             if got == sha256:
                 if folder.exists():  # (a copy that lost its SHA-256: replaced)
@@ -162,8 +159,6 @@ def fetch_pretrained(url: str, *, cache_dir: str | os.PathLike | None = None) ->
                     url=url,
                     permanent=True,
                 )
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)  # (a failed try leaves nothing for the next one)
     if not _pinned(folder, sha256):
         raise DownloadError(f"{folder}: the downloaded folder cannot be moved into the cache", url=url)
     return folder
