@@ -1,9 +1,9 @@
 """Atomic file and folder writes: a kill at any moment leaves either the old file or the new one, never half of one.
 
 Every temporary file is created by `tempfile.mkstemp` (O_CREAT|O_EXCL, a random name, mode 0600) in the target's
-own folder: a symlink or file planted at a predictable name is never followed nor overwritten. A whole folder is built
-in a `staging_folder` (mkdtemp beside it) and renamed into place. A write that fails
-(a full disk) raises the OSError naming the target, and the target keeps what it held.
+own folder: a symlink or file planted at a predictable name is never followed nor overwritten; a whole folder is built
+in a `staging_folder` (mkdtemp beside it) and renamed into place. A write that fails (a full disk) raises the OSError
+naming the target, and the target keeps what it held.
 """
 
 from __future__ import annotations
