@@ -90,20 +90,23 @@ def test_zoo_flags_on_another_experiment_are_refused(capsys):
     assert "--benchmark: options of `capsnet reproduce zoo` only" in capsys.readouterr().err
 
 
+CPU = "Some CPU, 2 cores, AVX2"  # the host results/cost.csv names
+
+
 def _cost(results: Path, speeds: dict[str, float]) -> None:
-    rows = [Row(model=m, benchmark="cost", precision="fp32", train_img_s=v) for m, v in speeds.items()]
+    rows = [Row(model=m, benchmark="cost", precision="fp32", train_img_s=v, cpu=CPU) for m, v in speeds.items()]
     write_rows(results / "cost.csv", rows)
 
 
 def test_full_fashion_mnist_on_a_cpu_gets_the_seeds_a_model_s_speed_allows(tmp_path):
-    # one seed = 3 epochs × 54,000 images: 1 h at 45 img/s, 4 h at 11.25 img/s
-    _cost(tmp_path, {"efficient-capsnet": 46.0, "capsnet": 44.0, "baseline": 11.3, "em-capsnet": 11.2})
+    # one seed = 3 epochs × 54,000 images: 1 h at 45 img/s, 3 h at 15 img/s
+    _cost(tmp_path, {"efficient-capsnet": 46.0, "capsnet": 44.0, "baseline": 15.1, "em-capsnet": 14.9})
     plan = zoo.ZooPlan(benchmark="fashion-mnist", models=["capsnet"], seeds=[0, 1, 2], out=tmp_path / "runs",
                        results=tmp_path, precision="fp32", device="cpu", progress=False)  # fmt: skip
     assert plan.seeds_for("efficient-capsnet") == ([0, 1, 2], "done")  # 0.98 h
-    assert plan.seeds_for("capsnet") == ([0], "1 seed: one seed ≈ 1.0 h on this CPU (results/cost.csv)")  # 1.02 h
-    assert plan.seeds_for("baseline")[0] == [0]  # 3.98 h
-    assert plan.seeds_for("em-capsnet") == ([], "not run: one seed ≈ 4.0 h on this CPU (results/cost.csv)")
+    assert plan.seeds_for("capsnet") == ([0], f"1 seed: one seed ≈ 1.0 h on {CPU} (results/cost.csv)")  # 1.02 h
+    assert plan.seeds_for("baseline")[0] == [0]  # 2.98 h
+    assert plan.seeds_for("em-capsnet") == ([], f"not run: one seed ≈ 3.0 h on {CPU} (results/cost.csv)")  # 3.02 h
     assert plan.seeds_for("vb-capsnet") == ([0, 1, 2], "done")  # no speed measured: every seed
     assert dataclasses.replace(plan, seeds=[5]).seeds_for("baseline") == ([5], "done")  # one seed asked: one given
     sample = zoo.ZooPlan(benchmark="sample", models=["em-capsnet"], seeds=[0, 1, 2], out=tmp_path / "runs",
@@ -124,12 +127,12 @@ def test_a_model_the_cpu_cannot_take_gets_a_not_run_row_with_the_gpu_command(tmp
     assert main(argv) == 0
     gpu = "capsnet reproduce zoo --benchmark fashion-mnist --model em-capsnet --seeds 3 --precision fp32 --device cuda"
     assert (
-        f"em-capsnet: not run: one seed ≈ 45.0 h on this CPU (results/cost.csv); on a GPU: {gpu}"
+        f"em-capsnet: not run: one seed ≈ 45.0 h on {CPU} (results/cost.csv); on a GPU: {gpu}"
         in capsys.readouterr().out
     )
     (row,) = read_rows(tmp_path / "fashion-mnist.csv")
     assert (row.status, row.command, row.epochs, row.seeds, row.test_acc_mean) == (
-        "not run: one seed ≈ 45.0 h on this CPU (results/cost.csv)",
+        f"not run: one seed ≈ 45.0 h on {CPU} (results/cost.csv)",
         gpu,
         zoo.FASHION_EPOCHS,
         "",
@@ -138,4 +141,4 @@ def test_a_model_the_cpu_cannot_take_gets_a_not_run_row_with_the_gpu_command(tmp
     assert row.params == 318_964 and not out.exists()  # nothing trained, no run folder
     from capsnet.results_tables import accuracy_table
 
-    assert f"not run: one seed ≈ 45.0 h on this CPU (results/cost.csv) | — | — | `{gpu}` |" in accuracy_table([row])
+    assert f"not run: one seed ≈ 45.0 h on {CPU} (results/cost.csv) | — | — | `{gpu}` |" in accuracy_table([row])
