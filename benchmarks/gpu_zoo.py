@@ -55,7 +55,7 @@ def wanted_models(results: Path, seeds: int, precision: str) -> list[str]:
     those without a row first, then those with too few seeds; within each, the slowest on the CPU first."""
     have = rows_held(results)
     models = [m for m in MODELS if have.get(m, 0) < seeds and m not in SLOW_ON_A_GPU]
-    hours = {m: seed_hours(results, m, precision, FASHION_EPOCHS) or 0.0 for m in models}
+    hours = {m: (seed_hours(results, m, precision, FASHION_EPOCHS) or (0.0, ""))[0] for m in models}
     return sorted(models, key=lambda m: (m in have, -hours[m]))
 
 
