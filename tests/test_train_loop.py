@@ -180,6 +180,20 @@ def test_default_batch_is_per_device_and_printed(tmp_path, capsys):
     assert load_state(tmp_path / "r")["step"] == 2  # 32 images at the CPU default of 16
 
 
+@pytest.mark.parametrize(
+    ("model", "device", "expected"),
+    [
+        ("deepcaps", "cuda", (256, True)),  # its authors' batch, on any device
+        ("hvc-capsnet", "cpu", (120, True)),
+        ("em-capsnet", "cuda", (128, False)),  # no recipe batch: the device's default
+        ("capsnet", "cpu", (16, False)),
+        (None, "cuda", (128, False)),  # a FitConfig names no registry model
+    ],
+)
+def test_the_batch_is_the_recipes_else_the_devices(model, device, expected):
+    assert hardware.batch_size_for(model, torch.device(device)) == expected
+
+
 def test_an_explicit_cuda_device_is_not_replaced_silently(capsys):
     dist = DistInfo(rank=0, world_size=2, local_rank=1)
     assert hardware.rank_device(torch.device("cuda", 3), dist) == torch.device("cuda", 1)

@@ -131,10 +131,11 @@ def test_a_model_the_cpu_cannot_take_gets_a_not_run_row_with_the_gpu_command(tmp
         in capsys.readouterr().out
     )
     (row,) = read_rows(tmp_path / "fashion-mnist.csv")
-    assert (row.status, row.command, row.epochs, row.seeds, row.test_acc_mean) == (
+    assert (row.status, row.command, row.epochs, row.batch_size, row.seeds, row.test_acc_mean) == (
         f"not run: one seed ≈ 45.0 h on {CPU} (results/cost.csv)",
         gpu,
         zoo.FASHION_EPOCHS,
+        128,  # the GPU command's batch: em-capsnet has no recipe batch, so the CUDA default
         "",
         None,
     )

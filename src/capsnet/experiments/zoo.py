@@ -42,7 +42,7 @@ from ..results import Row, read_rows, with_accuracies, write_rows
 from ..training.api import train
 from ..training.config import TrainConfig
 from ..training.evaluator import evaluate
-from ..training.hardware import bf16_native, cpu_flags, resolve_device
+from ..training.hardware import batch_size_for, bf16_native, cpu_flags, resolve_device
 from .fashion_mnist import read_test, run_state
 
 
@@ -266,6 +266,7 @@ def not_run_row(plan: ZooPlan, model: str, status: str) -> Row:
         benchmark=plan.benchmark,
         protocol=PROTOCOL,
         epochs=plan.epochs(model),
+        batch_size=batch_size_for(model, torch.device("cuda"))[0],  # the batch its GPU command trains at
         precision=plan.precision,
         cpu=cpu_name(),
         torch=torch.__version__,

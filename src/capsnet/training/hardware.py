@@ -32,6 +32,13 @@ def default_batch_size(device: torch.device) -> int:
     return DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
 
 
+def batch_size_for(model: object, device: torch.device) -> tuple[int, bool]:
+    """The batch a run of registry `model` takes on `device` when none is set: the model's recipe where it has one,
+    else the device's default; and whether it is the recipe's."""
+    recipe = getattr(MODELS[model], "default_batch_size", None) if isinstance(model, str) and model in MODELS else None
+    return recipe or default_batch_size(device), bool(recipe)
+
+
 def resolve_device(name: str) -> torch.device:
     """`auto` (CUDA when available, else the CPU), `cpu`, `cuda` or `cuda:K`; a ConfigError for anything else."""
     if name == "auto":
@@ -108,8 +115,8 @@ def device_settings(
     precision the device emulates."""
     if config.batch_size is None:
         name = getattr(config, "model", None)  # (a FitConfig names no registry model)
-        recipe = getattr(MODELS[name], "default_batch_size", None) if isinstance(name, str) and name in MODELS else None
-        config = dataclasses.replace(config, batch_size=recipe or default_batch_size(device))
+        batch, recipe = batch_size_for(name, device)
+        config = dataclasses.replace(config, batch_size=batch)
         if batches:
             option = "--batch-size" if flag.startswith("--") else "batch_size="
             whose = f"{name}'s recipe" if recipe else f"the {device.type} default"
